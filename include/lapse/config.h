@@ -1,0 +1,48 @@
+/* SPDX-License-Identifier: MIT
+ * Configuration: a key/value property set (librdkafka's conf), read by every handle. */
+#ifndef LAPSE_CONFIG_H
+#define LAPSE_CONFIG_H
+
+#include <lapse/lapse.h>
+
+typedef struct lapse_config lapse_config_t;
+
+typedef enum lapse_log_level {
+    LAPSE_LOG_ERROR = 0,
+    LAPSE_LOG_WARN = 1,
+    LAPSE_LOG_INFO = 2,
+    LAPSE_LOG_DEBUG = 3
+} lapse_log_level_t;
+
+/** Log sink: one line (no newline) of key=value pairs; line is borrowed for the call. */
+typedef void (*lapse_log_cb)(void *opaque, lapse_log_level_t level, const char *line);
+
+/** New config with the defaults of DESIGN.md; free with lapse_config_free(). NULL on OOM. */
+LAPSE_API lapse_config_t *lapse_config_new(void);
+/** Accepts NULL. */
+LAPSE_API void lapse_config_free(lapse_config_t *cfg);
+
+/**
+ * Set a property; value is borrowed (copied). Properties:
+ *   amqp_url   amqp://user:pass@host:port/vhost   (default amqp://guest:guest@localhost:5672/%2f)
+ *   store      sqlite:PATH                       (default sqlite:lapse.db)
+ *   prefix     [A-Za-z0-9_-]{1,48}                (default lapse)
+ *   classes    comma-separated durations          (default 30m)
+ *   prefetch   1..65535                           (default 200)
+ *   heartbeat  seconds, 0..3600                   (default 30)
+ *   clock_skew duration with optional '-' sign    (test hook; default 0)
+ * @return LAPSE_OK or LAPSE_ERR_CONFIG_* with err describing the value.
+ */
+LAPSE_API lapse_status_t lapse_config_set(lapse_config_t *cfg, const char *name,
+                                          const char *value, lapse_error_t *err);
+
+/** Apply LAPSE_AMQP_URL, LAPSE_STORE, LAPSE_PREFIX, LAPSE_CLASSES when set. */
+LAPSE_API lapse_status_t lapse_config_from_env(lapse_config_t *cfg, lapse_error_t *err);
+
+/** Current value as text; borrowed until the next set/free on cfg. NULL if unknown. */
+LAPSE_API const char *lapse_config_get(const lapse_config_t *cfg, const char *name);
+
+/** Set the log sink (default: none). */
+LAPSE_API void lapse_config_set_log_cb(lapse_config_t *cfg, lapse_log_cb cb, void *opaque);
+
+#endif

@@ -1,0 +1,50 @@
+/* SPDX-License-Identifier: MIT
+ * The publisher: record orders as pending, publish their expiry messages with confirms. */
+#ifndef LAPSE_PUBLISHER_H
+#define LAPSE_PUBLISHER_H
+
+#include <lapse/config.h>
+#include <lapse/store.h>
+
+/** Opaque publisher: one broker connection in confirm mode. One per thread. */
+typedef struct lapse_publisher lapse_publisher_t;
+
+/**
+ * Outcome of one submitted order, called from submit/flush once the broker settled it.
+ * rc: LAPSE_OK (recorded, confirmed, marked scheduled), a store refusal
+ * (LAPSE_ERR_STORE_CONFLICT / _STATE), LAPSE_ERR_INVALID (no class for the timeout), or a
+ * broker failure (the order stays pending and unscheduled). reason and order_id are
+ * borrowed for the call.
+ */
+typedef void (*lapse_publish_cb)(void *opaque, uint64_t ref, const char *order_id,
+                                 lapse_status_t rc, const char *reason);
+
+/**
+ * Connect to the broker (confirm mode). cfg and store are borrowed and must outlive the
+ * publisher. @return new publisher, closed with lapse_publisher_close(); NULL on failure.
+ */
+LAPSE_API lapse_publisher_t *lapse_publisher_open(const lapse_config_t *cfg,
+                                                  lapse_store_t *store,
+                                                  lapse_publish_cb cb, void *opaque,
+                                                  lapse_status_t *rc, lapse_error_t *err);
+
+/**
+ * Queue one order for publishing; order is copied (borrows input). timeout_ms names the
+ * class whose holding queue carries the message and must equal a configured class.
+ * Batches are recorded in one store transaction and published with pipelined confirms;
+ * submit flushes a full batch itself. ref is handed back to the callback.
+ * @return LAPSE_OK, or a failure of the store or broker that stops the publisher (every
+ *         order not yet settled was reported to the callback with it).
+ */
+LAPSE_API lapse_status_t lapse_publisher_submit(lapse_publisher_t *pub,
+                                                const lapse_new_order_t *order,
+                                                int64_t timeout_ms, uint64_t ref,
+                                                lapse_error_t *err);
+
+/** Settle everything submitted so far (callbacks called). Same returns as submit. */
+LAPSE_API lapse_status_t lapse_publisher_flush(lapse_publisher_t *pub, lapse_error_t *err);
+
+/** Close the connection; orders not flushed are not published. Accepts NULL. */
+LAPSE_API void lapse_publisher_close(lapse_publisher_t *pub);
+
+#endif

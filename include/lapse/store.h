@@ -1,0 +1,150 @@
+/* SPDX-License-Identifier: MIT
+ * The order store: orders, the resources they hold, and the outbox of events.
+ * Orders move pending -> paid or pending -> cancelled, nothing else; every change is a
+ * compare-and-set on status, so racing writers have exactly one winner. */
+#ifndef LAPSE_STORE_H
+#define LAPSE_STORE_H
+
+#include <lapse/lapse.h>
+#include <lapse/message.h>
+
+/** Opaque store handle. One handle per thread; several processes may share a store. */
+typedef struct lapse_store lapse_store_t;
+
+typedef enum lapse_order_status {
+    LAPSE_ORDER_PENDING = 0,
+    LAPSE_ORDER_PAID = 1,
+    LAPSE_ORDER_CANCELLED = 2
+} lapse_order_status_t;
+
+/** "pending", "paid" or "cancelled"; static. */
+LAPSE_API const char *lapse_order_status_name(lapse_order_status_t status);
+
+/** An order as read from the store. Init with lapse_order_init, free with _clear. */
+typedef struct lapse_order {
+    char order_id[LAPSE_ORDER_ID_MAX + 1];
+    lapse_order_status_t status;
+    int64_t deadline_ms;
+    int64_t created_at_ms;
+    int64_t paid_at_ms;      /* -1 when not paid */
+    int64_t cancelled_at_ms; /* -1 when not cancelled */
+    bool scheduled;          /* the expiry message was confirmed by the broker */
+    char **holds;            /* owned by the struct; n_holds NUL-terminated strings */
+    size_t n_holds;
+} lapse_order_t;
+
+LAPSE_API void lapse_order_init(lapse_order_t *order);
+/** Frees holds; accepts NULL; leaves the struct initialised. */
+LAPSE_API void lapse_order_clear(lapse_order_t *order);
+
+/** An order to record; every pointer is borrowed for the duration of the call. */
+typedef struct lapse_new_order {
+    const char *order_id;
+    int64_t deadline_ms;
+    int64_t created_at_ms;
+    const char *const *holds;
+    size_t n_holds;
+} lapse_new_order_t;
+
+/** What a cancellation attempt found, per order. */
+typedef enum lapse_cancel_outcome {
+    LAPSE_CANCEL_DONE = 0,      /* pending and due: now cancelled, holds released, event
+                                   recorded */
+    LAPSE_CANCEL_NOOP_PAID,     /* already paid: nothing changed */
+    LAPSE_CANCEL_NOOP_CANCELLED,/* already cancelled: nothing changed */
+    LAPSE_CANCEL_EARLY,         /* pending but its deadline is ahead: nothing changed */
+    LAPSE_CANCEL_UNKNOWN        /* no such order */
+} lapse_cancel_outcome_t;
+
+/** "cancelled", "noop_paid", "noop_cancelled", "early", "unknown"; static. */
+LAPSE_API const char *lapse_cancel_outcome_name(lapse_cancel_outcome_t outcome);
+
+/** One cancellation in a batch. order_id is borrowed; the rest is written by the store. */
+typedef struct lapse_cancel_item {
+    const char *order_id;           /* in */
+    lapse_cancel_outcome_t outcome; /* out */
+    int64_t deadline_ms;            /* out: the stored deadline (0 when unknown) */
+    int64_t event_seq;              /* out: outbox row of the event (DONE only), else 0 */
+} lapse_cancel_item_t;
+
+/** An outbox event handed to a callback; strings borrowed for the callback's duration. */
+typedef struct lapse_event {
+    int64_t seq;
+    const char *event_id;   /* "order.cancelled:<order_id>" */
+    const char *order_id;
+    const char *body;       /* JSON */
+} lapse_event_t;
+
+typedef int (*lapse_event_cb)(void *opaque, const lapse_event_t *event);
+
+/**
+ * Open a store: "sqlite:PATH" (created if missing, WAL mode, schema applied).
+ * @return new handle, closed with lapse_store_close(); NULL on failure with *rc and err set.
+ */
+LAPSE_API lapse_store_t *lapse_store_open(const char *uri, lapse_status_t *rc,
+                                          lapse_error_t *err);
+/** Close and free; accepts NULL. */
+LAPSE_API void lapse_store_close(lapse_store_t *store);
+
+/**
+ * Record orders as pending and unscheduled, with their holds, in one transaction.
+ * results[i] per order: LAPSE_OK (new, or exists with the same deadline: a re-publish),
+ * LAPSE_ERR_STORE_CONFLICT (exists with another deadline), LAPSE_ERR_STORE_STATE
+ * (exists but is no longer pending). Those per-order refusals don't fail the batch.
+ * @return LAPSE_OK when the transaction committed, else the failure (nothing written).
+ */
+LAPSE_API lapse_status_t lapse_store_insert_orders(lapse_store_t *store,
+                                                   const lapse_new_order_t *orders,
+                                                   size_t n, lapse_status_t *results,
+                                                   lapse_error_t *err);
+
+/** Mark orders' expiry messages as confirmed by the broker, in one transaction. */
+LAPSE_API lapse_status_t lapse_store_mark_scheduled(lapse_store_t *store,
+                                                    const char *const *order_ids,
+                                                    size_t n, lapse_error_t *err);
+
+/**
+ * Pay an order: pending and now_ms < deadline -> paid.
+ * @return LAPSE_OK (also when already paid), LAPSE_ERR_STORE_NOT_FOUND,
+ *         LAPSE_ERR_STORE_STATE (cancelled), LAPSE_ERR_STORE_LAPSED (past deadline).
+ */
+LAPSE_API lapse_status_t lapse_store_pay(lapse_store_t *store, const char *order_id,
+                                         int64_t now_ms, lapse_error_t *err);
+
+/**
+ * In ONE transaction, for each item: cancel it if pending and deadline <= now_ms
+ * (compare-and-set), release its holds and record an order.cancelled outbox event.
+ * @return LAPSE_OK when committed (outcomes filled); on failure nothing was written.
+ */
+LAPSE_API lapse_status_t lapse_store_cancel_batch(lapse_store_t *store,
+                                                  lapse_cancel_item_t *items, size_t n,
+                                                  int64_t now_ms, lapse_error_t *err);
+
+/**
+ * Read one order. @param out initialised by the caller; filled on LAPSE_OK (caller
+ * clears it). @return LAPSE_OK or LAPSE_ERR_STORE_NOT_FOUND or a store error.
+ */
+LAPSE_API lapse_status_t lapse_store_get(lapse_store_t *store, const char *order_id,
+                                         lapse_order_t *out, lapse_error_t *err);
+
+/** counts[status] = number of orders with that status (3 entries). */
+LAPSE_API lapse_status_t lapse_store_count(lapse_store_t *store, int64_t counts[3],
+                                           lapse_error_t *err);
+
+/**
+ * Call cb for unpublished outbox events, oldest first, at most limit of them; when
+ * only_seqs is not NULL, only those with a seq in only_seqs[0..n_seqs). A non-zero
+ * return from cb stops the walk.
+ */
+LAPSE_API lapse_status_t lapse_store_events_pending(lapse_store_t *store, size_t limit,
+                                                    const int64_t *only_seqs,
+                                                    size_t n_seqs, lapse_event_cb cb,
+                                                    void *opaque, lapse_error_t *err);
+
+/** Mark outbox events as published (confirmed by the broker), in one transaction. */
+LAPSE_API lapse_status_t lapse_store_events_mark_published(lapse_store_t *store,
+                                                           const int64_t *seqs, size_t n,
+                                                           int64_t now_ms,
+                                                           lapse_error_t *err);
+
+#endif

@@ -1,0 +1,32 @@
+/* SPDX-License-Identifier: MIT
+ * The broker topology: holding queues per class, expired, parked and events. */
+#ifndef LAPSE_TOPOLOGY_H
+#define LAPSE_TOPOLOGY_H
+
+#include <lapse/config.h>
+
+/**
+ * Declare every exchange, queue and binding of cfg's topology (durable, idempotent).
+ * A queue that exists with other arguments is reported as LAPSE_ERR_BROKER_CLOSED with
+ * the broker's PRECONDITION_FAILED text in err.
+ */
+LAPSE_API lapse_status_t lapse_topology_declare(const lapse_config_t *cfg,
+                                                lapse_error_t *err);
+
+/**
+ * The topology as RabbitMQ definitions JSON (vhost "/"), importable with the management
+ * UI or `rabbitmqctl import_definitions`.
+ * @return new NUL-terminated string, freed with free(); NULL on OOM.
+ */
+LAPSE_API char *lapse_topology_export(const lapse_config_t *cfg);
+
+/** Called per queue of the topology; queue is borrowed for the call. */
+typedef void (*lapse_queue_stat_cb)(void *opaque, const char *queue, int64_t messages,
+                                    int64_t consumers);
+
+/** Passive-declare every queue of the topology and report depth and consumers. */
+LAPSE_API lapse_status_t lapse_topology_inspect(const lapse_config_t *cfg,
+                                                lapse_queue_stat_cb cb, void *opaque,
+                                                lapse_error_t *err);
+
+#endif

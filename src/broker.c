@@ -1,0 +1,390 @@
+/* SPDX-License-Identifier: MIT
+ * The rabbitmq-c boundary: connect, map replies to lapse codes, confirmed publishing. */
+#include "broker_int.h"
+
+#include <amqp_tcp_socket.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define CONFIRM_WAIT_MS 30000 /* a full window waits this long for the broker */
+
+amqp_table_entry_t lapse__entry_str(const char *k, const char *v)
+{
+    amqp_table_entry_t e;
+    e.key = amqp_cstring_bytes(k);
+    e.value.kind = AMQP_FIELD_KIND_UTF8;
+    e.value.value.bytes = amqp_cstring_bytes(v);
+    return e;
+}
+
+amqp_table_entry_t lapse__entry_i64(const char *k, int64_t v)
+{
+    amqp_table_entry_t e;
+    e.key = amqp_cstring_bytes(k);
+    e.value.kind = AMQP_FIELD_KIND_I64;
+    e.value.value.i64 = v;
+    return e;
+}
+
+void lapse__bytes_to_str(amqp_bytes_t bytes, char *buf, size_t cap)
+{
+    size_t n = bytes.len < cap - 1 ? bytes.len : cap - 1;
+    if (n > 0) {
+        memcpy(buf, bytes.bytes, n);
+    }
+    buf[n] = '\0';
+}
+
+static lapse_status_t server_close(lapse__broker_t *broker, const char *what,
+                                   uint16_t code, amqp_bytes_t text, bool connection,
+                                   lapse_error_t *err)
+{
+    char reply[128];
+    lapse__bytes_to_str(text, reply, sizeof reply);
+    broker->open = false;
+    lapse_status_t rc = code == 403 && connection ? LAPSE_ERR_BROKER_LOGIN
+                                                   : LAPSE_ERR_BROKER_CLOSED;
+    return lapse_error_set(err, rc, "%s: broker closed the %s: %u %s", what,
+                           connection ? "connection" : "channel", code, reply);
+}
+
+lapse_status_t lapse__broker_reply(lapse__broker_t *broker, amqp_rpc_reply_t reply,
+                                   const char *what, lapse_error_t *err)
+{
+    switch (reply.reply_type) {
+        case AMQP_RESPONSE_NORMAL:
+            return LAPSE_OK;
+        case AMQP_RESPONSE_NONE:
+            return lapse_error_set(err, LAPSE_ERR_BROKER_PROTOCOL, "%s: no reply", what);
+        case AMQP_RESPONSE_LIBRARY_EXCEPTION:
+            if (reply.library_error == AMQP_STATUS_TIMEOUT) {
+                return lapse_error_set(err, LAPSE_ERR_BROKER_TIMEOUT, "%s: timed out",
+                                       what);
+            }
+            broker->open = false;
+            return lapse_error_set(err, LAPSE_ERR_BROKER_CLOSED, "%s: %s", what,
+                                   amqp_error_string2(reply.library_error));
+        case AMQP_RESPONSE_SERVER_EXCEPTION:
+            if (reply.reply.id == AMQP_CONNECTION_CLOSE_METHOD) {
+                amqp_connection_close_t *m = reply.reply.decoded;
+                return server_close(broker, what, m->reply_code, m->reply_text, true,
+                                    err);
+            }
+            if (reply.reply.id == AMQP_CHANNEL_CLOSE_METHOD) {
+                amqp_channel_close_t *m = reply.reply.decoded;
+                return server_close(broker, what, m->reply_code, m->reply_text, false,
+                                    err);
+            }
+            return lapse_error_set(err, LAPSE_ERR_BROKER_PROTOCOL,
+                                   "%s: unexpected method 0x%08x", what,
+                                   (unsigned)reply.reply.id);
+    }
+    return lapse_error_set(err, LAPSE_ERR_BROKER_PROTOCOL, "%s: bad reply", what);
+}
+
+lapse_status_t lapse__broker_open(lapse__broker_t *broker, const lapse_config_t *cfg,
+                                  const char *conn_name, size_t window,
+                                  lapse__settle_cb settle_cb, void *settle_opaque,
+                                  lapse_error_t *err)
+{
+    memset(broker, 0, sizeof *broker);
+    broker->cfg = cfg;
+    broker->next_tag = 1;
+    broker->first_open = 1;
+    broker->settle_cb = settle_cb;
+    broker->settle_opaque = settle_opaque;
+    if (window > 0) {
+        broker->slots = calloc(window, sizeof *broker->slots);
+        if (!broker->slots) {
+            return lapse_error_set(err, LAPSE_ERR_NOMEM, "confirm window");
+        }
+        broker->window = window;
+    }
+
+    broker->conn = amqp_new_connection();
+    amqp_socket_t *socket = broker->conn ? amqp_tcp_socket_new(broker->conn) : NULL;
+    if (!socket) {
+        lapse__broker_close(broker);
+        return lapse_error_set(err, LAPSE_ERR_NOMEM, "cannot allocate an AMQP socket");
+    }
+    struct timeval tv = {.tv_sec = 10, .tv_usec = 0};
+    int st = amqp_socket_open_noblock(socket, cfg->host, cfg->port, &tv);
+    if (st != AMQP_STATUS_OK) {
+        lapse__broker_close(broker);
+        return lapse_error_set(err, LAPSE_ERR_BROKER_CONNECT, "connect to %s:%d: %s",
+                               cfg->host, cfg->port, amqp_error_string2(st));
+    }
+    /* Synchronous RPCs (declare, open, close) must not hang forever on a stuck broker. */
+    struct timeval rpc = {.tv_sec = 30, .tv_usec = 0};
+    amqp_set_rpc_timeout(broker->conn, &rpc);
+
+    amqp_table_entry_t props_entries[] = {lapse__entry_str("connection_name", conn_name),
+                                          lapse__entry_str("product", "lapse"),
+                                          lapse__entry_str("version", LAPSE_VERSION)};
+    amqp_table_t props = {.num_entries = 3, .entries = props_entries};
+    amqp_rpc_reply_t reply = amqp_login_with_properties(
+        broker->conn, cfg->vhost, 0, AMQP_DEFAULT_FRAME_SIZE, cfg->heartbeat, &props,
+        AMQP_SASL_METHOD_PLAIN, cfg->user, cfg->password);
+    lapse_status_t rc = lapse__broker_reply(broker, reply, "login", err);
+    if (rc == LAPSE_ERR_BROKER_CLOSED && reply.reply_type != AMQP_RESPONSE_SERVER_EXCEPTION) {
+        /* RabbitMQ drops the socket on a bad password before a close method arrives. */
+        rc = lapse_error_set(err, LAPSE_ERR_BROKER_LOGIN,
+                             "login to vhost '%s' as '%s' refused or connection dropped",
+                             cfg->vhost, cfg->user);
+    }
+    if (rc != LAPSE_OK) {
+        lapse__broker_close(broker);
+        return rc;
+    }
+    broker->open = true;
+    amqp_channel_open(broker->conn, LAPSE__CHANNEL);
+    rc = lapse__broker_reply(broker, amqp_get_rpc_reply(broker->conn), "channel.open", err);
+    if (rc == LAPSE_OK && window > 0) {
+        amqp_confirm_select(broker->conn, LAPSE__CHANNEL);
+        rc = lapse__broker_reply(broker, amqp_get_rpc_reply(broker->conn),
+                                 "confirm.select", err);
+        broker->confirms = rc == LAPSE_OK;
+    }
+    if (rc != LAPSE_OK) {
+        lapse__broker_close(broker);
+    }
+    return rc;
+}
+
+static lapse__pub_slot_t *slot_of(lapse__broker_t *broker, uint64_t tag)
+{
+    return &broker->slots[tag % broker->window];
+}
+
+static void settle_one(lapse__broker_t *broker, uint64_t tag, lapse_status_t outcome)
+{
+    lapse__pub_slot_t *slot = slot_of(broker, tag);
+    if (slot->tag != tag) {
+        return; /* already settled (a late multiple ack) */
+    }
+    if (outcome == LAPSE_OK && slot->returned) {
+        outcome = LAPSE_ERR_BROKER_RETURNED;
+    }
+    slot->tag = 0;
+    slot->returned = false;
+    if (broker->settle_cb) {
+        broker->settle_cb(broker->settle_opaque, tag, outcome);
+    }
+}
+
+static void advance(lapse__broker_t *broker)
+{
+    while (broker->first_open < broker->next_tag &&
+           slot_of(broker, broker->first_open)->tag != broker->first_open) {
+        broker->first_open++;
+    }
+}
+
+static void settle(lapse__broker_t *broker, uint64_t tag, bool multiple,
+                   lapse_status_t outcome)
+{
+    if (tag >= broker->next_tag) {
+        return;
+    }
+    if (multiple) {
+        for (uint64_t t = broker->first_open; t <= tag; t++) {
+            settle_one(broker, t, outcome);
+        }
+    } else {
+        settle_one(broker, tag, outcome);
+    }
+    advance(broker);
+}
+
+static void mark_returned(lapse__broker_t *broker, const char *key)
+{
+    bool matched = false;
+    for (uint64_t t = broker->first_open; t < broker->next_tag; t++) {
+        lapse__pub_slot_t *slot = slot_of(broker, t);
+        if (slot->tag == t && !slot->returned && strcmp(slot->key, key) == 0) {
+            slot->returned = true;
+            matched = true;
+            break;
+        }
+    }
+    if (!matched) {
+        /* A return we cannot attribute: failing every unsettled publish is safe, since
+         * the callers re-publish and every consumer is idempotent. */
+        for (uint64_t t = broker->first_open; t < broker->next_tag; t++) {
+            lapse__pub_slot_t *slot = slot_of(broker, t);
+            if (slot->tag == t) {
+                slot->returned = true;
+            }
+        }
+    }
+}
+
+/* Read and handle one frame on a confirm-mode connection; *got says whether one came. */
+static lapse_status_t pump(lapse__broker_t *broker, int64_t timeout_ms, bool *got,
+                           lapse_error_t *err)
+{
+    struct timeval tv = {.tv_sec = timeout_ms / 1000,
+                         .tv_usec = (suseconds_t)((timeout_ms % 1000) * 1000)};
+    amqp_frame_t frame;
+    *got = false;
+    int st = amqp_simple_wait_frame_noblock(broker->conn, &frame, &tv);
+    if (st == AMQP_STATUS_TIMEOUT) {
+        return LAPSE_OK;
+    }
+    if (st != AMQP_STATUS_OK) {
+        broker->open = false;
+        return lapse_error_set(err, LAPSE_ERR_BROKER_CLOSED, "waiting for confirms: %s",
+                               amqp_error_string2(st));
+    }
+    *got = true;
+    if (frame.frame_type != AMQP_FRAME_METHOD) {
+        return LAPSE_OK;
+    }
+    switch (frame.payload.method.id) {
+        case AMQP_BASIC_ACK_METHOD: {
+            amqp_basic_ack_t *m = frame.payload.method.decoded;
+            settle(broker, m->delivery_tag, m->multiple, LAPSE_OK);
+            return LAPSE_OK;
+        }
+        case AMQP_BASIC_NACK_METHOD: {
+            amqp_basic_nack_t *m = frame.payload.method.decoded;
+            settle(broker, m->delivery_tag, m->multiple, LAPSE_ERR_BROKER_NACK);
+            return LAPSE_OK;
+        }
+        case AMQP_BASIC_RETURN_METHOD: {
+            /* The returned message's header and body follow; its ack comes after. */
+            amqp_message_t msg;
+            amqp_rpc_reply_t r = amqp_read_message(broker->conn, frame.channel, &msg, 0);
+            lapse_status_t rc = lapse__broker_reply(broker, r, "basic.return", err);
+            if (rc != LAPSE_OK) {
+                return rc;
+            }
+            char key[sizeof broker->slots[0].key] = "";
+            if (msg.properties._flags & AMQP_BASIC_MESSAGE_ID_FLAG) {
+                lapse__bytes_to_str(msg.properties.message_id, key, sizeof key);
+            }
+            mark_returned(broker, key);
+            amqp_destroy_message(&msg);
+            return LAPSE_OK;
+        }
+        case AMQP_CHANNEL_CLOSE_METHOD: {
+            amqp_channel_close_t *m = frame.payload.method.decoded;
+            amqp_channel_close_ok_t ok = {0};
+            amqp_send_method(broker->conn, frame.channel, AMQP_CHANNEL_CLOSE_OK_METHOD,
+                             &ok);
+            return server_close(broker, "publish", m->reply_code, m->reply_text, false,
+                                err);
+        }
+        case AMQP_CONNECTION_CLOSE_METHOD: {
+            amqp_connection_close_t *m = frame.payload.method.decoded;
+            amqp_connection_close_ok_t ok = {0};
+            amqp_send_method(broker->conn, 0, AMQP_CONNECTION_CLOSE_OK_METHOD, &ok);
+            return server_close(broker, "publish", m->reply_code, m->reply_text, true,
+                                err);
+        }
+        default:
+            return LAPSE_OK;
+    }
+}
+
+size_t lapse__broker_unsettled(const lapse__broker_t *broker)
+{
+    return (size_t)(broker->next_tag - broker->first_open);
+}
+
+lapse_status_t lapse__broker_wait_confirms(lapse__broker_t *broker, int64_t timeout_ms,
+                                           lapse_error_t *err)
+{
+    int64_t waited = 0;
+    while (lapse__broker_unsettled(broker) > 0) {
+        if (!broker->open) {
+            return lapse_error_set(err, LAPSE_ERR_BROKER_CLOSED,
+                                   "connection lost with publishes unconfirmed");
+        }
+        if (waited >= timeout_ms) {
+            return lapse_error_set(err, LAPSE_ERR_BROKER_TIMEOUT,
+                                   "%zu publishes unconfirmed after %lld ms",
+                                   lapse__broker_unsettled(broker), (long long)timeout_ms);
+        }
+        bool got;
+        int64_t step = timeout_ms - waited < 1000 ? timeout_ms - waited : 1000;
+        lapse_status_t rc = pump(broker, step, &got, err);
+        if (rc != LAPSE_OK) {
+            return rc;
+        }
+        if (!got) {
+            waited += step;
+        }
+    }
+    return LAPSE_OK;
+}
+
+lapse_status_t lapse__broker_publish(lapse__broker_t *broker, const char *exchange,
+                                     const char *routing_key, bool mandatory,
+                                     const amqp_basic_properties_t *props,
+                                     const void *body, size_t len, const char *key,
+                                     uint64_t *tag, lapse_error_t *err)
+{
+    if (!broker->open) {
+        return lapse_error_set(err, LAPSE_ERR_BROKER_CLOSED, "publish: not connected");
+    }
+    if (broker->confirms) {
+        /* Keep at most `window` publishes in flight: drain confirms before the next. */
+        int64_t waited = 0;
+        while (lapse__broker_unsettled(broker) >= broker->window) {
+            bool got;
+            lapse_status_t rc = pump(broker, 1000, &got, err);
+            if (rc != LAPSE_OK) {
+                return rc;
+            }
+            waited += got ? 0 : 1000;
+            if (waited >= CONFIRM_WAIT_MS) {
+                return lapse_error_set(err, LAPSE_ERR_BROKER_TIMEOUT,
+                                       "confirm window full for %d ms", CONFIRM_WAIT_MS);
+            }
+        }
+    }
+    amqp_bytes_t bytes = {.len = len, .bytes = (void *)body};
+    int st = amqp_basic_publish(broker->conn, LAPSE__CHANNEL, amqp_cstring_bytes(exchange),
+                                amqp_cstring_bytes(routing_key), mandatory, 0, props, bytes);
+    if (st != AMQP_STATUS_OK) {
+        broker->open = false;
+        return lapse_error_set(err, LAPSE_ERR_BROKER_CLOSED, "publish to %s: %s",
+                               exchange[0] ? exchange : "(default)",
+                               amqp_error_string2(st));
+    }
+    uint64_t t = broker->next_tag++;
+    if (broker->confirms) {
+        lapse__pub_slot_t *slot = slot_of(broker, t);
+        slot->tag = t;
+        slot->returned = false;
+        snprintf(slot->key, sizeof slot->key, "%s", key ? key : "");
+    }
+    if (tag) {
+        *tag = t;
+    }
+    return LAPSE_OK;
+}
+
+void lapse__broker_close(lapse__broker_t *broker)
+{
+    if (broker->confirms) {
+        for (uint64_t t = broker->first_open; t < broker->next_tag; t++) {
+            settle_one(broker, t, LAPSE_ERR_BROKER_CLOSED);
+        }
+        broker->first_open = broker->next_tag;
+    }
+    if (broker->conn) {
+        if (broker->open) {
+            amqp_channel_close(broker->conn, LAPSE__CHANNEL, AMQP_REPLY_SUCCESS);
+            amqp_connection_close(broker->conn, AMQP_REPLY_SUCCESS);
+        }
+        amqp_destroy_connection(broker->conn);
+    }
+    free(broker->slots);
+    broker->slots = NULL;
+    broker->conn = NULL;
+    broker->open = false;
+    broker->confirms = false;
+}

@@ -1,0 +1,89 @@
+/* SPDX-License-Identifier: MIT
+ * Internal: one AMQP connection with one channel, on top of rabbitmq-c. */
+#ifndef LAPSE_BROKER_INT_H
+#define LAPSE_BROKER_INT_H
+
+#include <amqp.h>
+#include <signal.h>
+
+#include "config_int.h"
+
+#include <lapse/lapse.h>
+
+#define LAPSE__CHANNEL 1
+
+/* Outcome of one publish, reported once the broker settled it. */
+typedef void (*lapse__settle_cb)(void *opaque, uint64_t tag, lapse_status_t outcome);
+
+typedef struct lapse__pub_slot {
+    uint64_t tag;
+    bool returned;
+    char key[LAPSE__PREFIX_MAX + 160]; /* message_id of the publish, to match returns */
+} lapse__pub_slot_t;
+
+/* A connection, its channel 1, and (with confirms on) the window of publishes the broker
+ * has not settled yet. Not thread-safe: one per thread (rabbitmq-c's rule). */
+typedef struct lapse__broker {
+    amqp_connection_state_t conn;
+    const lapse_config_t *cfg;
+    bool open;
+    bool confirms;
+    uint64_t next_tag;   /* tag the next publish gets (1-based, per channel) */
+    uint64_t first_open; /* lowest tag not settled yet */
+    lapse__pub_slot_t *slots;
+    size_t window;
+    lapse__settle_cb settle_cb;
+    void *settle_opaque;
+} lapse__broker_t;
+
+/**
+ * Connect, log in (heartbeat from cfg, connection_name shown in the management UI) and
+ * open channel 1. With window > 0, put the channel in confirm mode with at most window
+ * unsettled publishes; settle_cb then reports each publish's outcome.
+ * cfg is borrowed and must outlive the broker.
+ */
+lapse_status_t lapse__broker_open(lapse__broker_t *broker, const lapse_config_t *cfg,
+                                  const char *conn_name, size_t window,
+                                  lapse__settle_cb settle_cb, void *settle_opaque,
+                                  lapse_error_t *err);
+
+/** Close channel and connection (gracefully when still open); accepts a closed broker.
+ *  Unsettled publishes are reported as LAPSE_ERR_BROKER_CLOSED. */
+void lapse__broker_close(lapse__broker_t *broker);
+
+/** Map a reply of rabbitmq-c to a status; keeps the broker's reply text in err. */
+lapse_status_t lapse__broker_reply(lapse__broker_t *broker, amqp_rpc_reply_t reply,
+                                   const char *what, lapse_error_t *err);
+
+/**
+ * Publish body (borrowed) with props (borrowed). key identifies the publish when the
+ * broker returns it (normally its message_id). Blocks for confirms while the window is
+ * full. *tag (optional) receives the publish's tag.
+ */
+lapse_status_t lapse__broker_publish(lapse__broker_t *broker, const char *exchange,
+                                     const char *routing_key, bool mandatory,
+                                     const amqp_basic_properties_t *props,
+                                     const void *body, size_t len, const char *key,
+                                     uint64_t *tag, lapse_error_t *err);
+
+/** Read confirms until none is unsettled, or timeout_ms passes (LAPSE_ERR_BROKER_TIMEOUT). */
+lapse_status_t lapse__broker_wait_confirms(lapse__broker_t *broker, int64_t timeout_ms,
+                                           lapse_error_t *err);
+
+/** Unsettled publishes. */
+size_t lapse__broker_unsettled(const lapse__broker_t *broker);
+
+/** An AMQP table entry with a string / int64 value; k and v are borrowed. */
+amqp_table_entry_t lapse__entry_str(const char *k, const char *v);
+amqp_table_entry_t lapse__entry_i64(const char *k, int64_t v);
+
+/** Copy an amqp_bytes_t into buf as a NUL-terminated string (truncating). */
+void lapse__bytes_to_str(amqp_bytes_t bytes, char *buf, size_t cap);
+
+/** Sleep for ms, returning early (false) when *stop becomes non-zero. stop may be NULL. */
+bool lapse__sleep_ms(int64_t ms, const volatile sig_atomic_t *stop);
+
+/** Exponential backoff with full jitter: attempt 0,1,2.. -> [base, min(cap, base*2^n)]. */
+int64_t lapse__backoff_ms(unsigned attempt, int64_t base_ms, int64_t cap_ms);
+
+#endif

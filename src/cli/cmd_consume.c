@@ -1,0 +1,61 @@
+/* SPDX-License-Identifier: MIT
+ * lapse consume: the long-running consumer service. */
+#include "cli.h"
+
+#include <lapse/consumer.h>
+
+#include <getopt.h>
+#include <stdlib.h>
+
+static const char usage[] =
+    "usage: lapse consume [--prefetch N]\n"
+    "  --prefetch N  deliveries in flight and the largest batch (default 200)\n"
+    "Runs until SIGINT/SIGTERM: then finishes and acks what it holds and exits 0.\n"
+    "Logs one key=value line per decision to stderr.\n";
+
+int cmd_consume(cli_t *cli, int argc, char **argv)
+{
+    static const struct option opts[] = {{"prefetch", required_argument, NULL, 'p'},
+                                         {"help", no_argument, NULL, 'h'},
+                                         {NULL, 0, NULL, 0}};
+    int opt;
+    opterr = 0;
+    while ((opt = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        if (opt == 'h') {
+            fputs(usage, stdout);
+            return CLI_EXIT_OK;
+        }
+        if (opt != 'p') {
+            return cli_usage_error("consume", usage, "unknown or incomplete option '%s'",
+                                   argv[optind - 1]);
+        }
+        lapse_error_t err = {0};
+        if (lapse_config_set(cli->cfg, "prefetch", optarg, &err) != LAPSE_OK) {
+            return cli_usage_error("consume", usage, "--prefetch: %s", err.text);
+        }
+    }
+    if (optind != argc) {
+        return cli_usage_error("consume", usage, "unexpected argument '%s'", argv[optind]);
+    }
+    volatile sig_atomic_t *stop = cli_install_stop_handlers();
+    int code = CLI_EXIT_OK;
+    lapse_store_t *store = cli_open_store(cli, &code);
+    if (!store) {
+        return code;
+    }
+    lapse_status_t rc;
+    lapse_error_t err = {0};
+    lapse_consumer_t *consumer = lapse_consumer_new(cli->cfg, store, &rc, &err);
+    if (consumer) {
+        rc = lapse_consumer_run(consumer, stop, &err);
+    }
+    if (rc != LAPSE_OK) {
+        code = cli_fail(rc, &err, "consume");
+        if (code == CLI_EXIT_USAGE) {
+            code = CLI_EXIT_FAILED;
+        }
+    }
+    lapse_consumer_free(consumer);
+    lapse_store_close(store);
+    return code;
+}

@@ -1,0 +1,124 @@
+/* SPDX-License-Identifier: MIT
+ * lapse: global options, then one subcommand. */
+#include "cli.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static const char usage[] =
+    "usage: lapse [--amqp URL] [--store URI] [--prefix NAME] [--classes LIST] COMMAND [ARGS]\n"
+    "\n"
+    "commands:\n"
+    "  publish ORDER_ID [--timeout DURATION] [--hold RESOURCE]...\n"
+    "  publish --batch FILE|-     one JSON object a line\n"
+    "  pay ORDER_ID\n"
+    "  consume [--prefetch N]     long-running; SIGINT/SIGTERM stop it cleanly\n"
+    "  status [ORDER_ID] [--json]\n"
+    "  topology declare|export\n"
+    "  demo                       a short end-to-end run against the broker\n"
+    "\n"
+    "global options (each beats its environment variable):\n"
+    "  --amqp URL       LAPSE_AMQP_URL  (default amqp://guest:guest@localhost:5672/%2f)\n"
+    "  --store URI      LAPSE_STORE     (default sqlite:lapse.db)\n"
+    "  --prefix NAME    LAPSE_PREFIX    (default lapse)\n"
+    "  --classes LIST   LAPSE_CLASSES   payment windows with a holding queue each\n"
+    "                                   (default 30m; e.g. 15m,30m,45m)\n"
+    "  --clock-skew D   shift this process's clock (testing only; e.g. 3s or -3s)\n"
+    "  --help, --version\n"
+    "\n"
+    "exit codes: 0 done, 1 failed, 2 usage, 3 refused by the order's state, 4 no such "
+    "order\n"
+    "Run 'lapse COMMAND --help' for a command's options.\n";
+
+static const struct {
+    const char *name;
+    cli_cmd_fn fn;
+} commands[] = {
+    {"publish", cmd_publish}, {"pay", cmd_pay},           {"consume", cmd_consume},
+    {"status", cmd_status},   {"topology", cmd_topology}, {"demo", cmd_demo},
+};
+
+static const struct {
+    const char *flag;
+    const char *property;
+} globals[] = {
+    {"--amqp", "amqp_url"}, {"--store", "store"},           {"--prefix", "prefix"},
+    {"--classes", "classes"}, {"--clock-skew", "clock_skew"},
+};
+
+int main(int argc, char **argv)
+{
+    lapse_config_t *cfg = lapse_config_new();
+    if (!cfg) {
+        fprintf(stderr, "lapse: out of memory\n");
+        return CLI_EXIT_FAILED;
+    }
+    lapse_config_set_log_cb(cfg, cli_log_stderr, NULL);
+    lapse_error_t err = {0};
+    int code = CLI_EXIT_OK;
+    lapse_status_t rc = lapse_config_from_env(cfg, &err);
+    if (rc != LAPSE_OK) {
+        fprintf(stderr, "lapse: environment: %s\n", err.text);
+        code = CLI_EXIT_USAGE;
+        goto out;
+    }
+    int i = 1;
+    for (; i < argc && argv[i][0] == '-'; i++) {
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            fputs(usage, stdout);
+            goto out;
+        }
+        if (strcmp(argv[i], "--version") == 0) {
+            printf("lapse %s\n", LAPSE_VERSION);
+            goto out;
+        }
+        const char *flag = argv[i];
+        const char *value = NULL;
+        const char *eq = strchr(flag, '=');
+        size_t flag_len = eq ? (size_t)(eq - flag) : strlen(flag);
+        size_t g = 0;
+        for (; g < sizeof globals / sizeof globals[0]; g++) {
+            if (strlen(globals[g].flag) == flag_len &&
+                strncmp(globals[g].flag, flag, flag_len) == 0) {
+                break;
+            }
+        }
+        if (g == sizeof globals / sizeof globals[0]) {
+            fprintf(stderr, "lapse: unknown option '%s'\n%s", flag, usage);
+            code = CLI_EXIT_USAGE;
+            goto out;
+        }
+        if (eq) {
+            value = eq + 1;
+        } else if (i + 1 < argc) {
+            value = argv[++i];
+        } else {
+            fprintf(stderr, "lapse: option '%s' needs a value\n%s", flag, usage);
+            code = CLI_EXIT_USAGE;
+            goto out;
+        }
+        rc = lapse_config_set(cfg, globals[g].property, value, &err);
+        if (rc != LAPSE_OK) {
+            fprintf(stderr, "lapse: %.*s: %s\n", (int)flag_len, flag, err.text);
+            code = CLI_EXIT_USAGE;
+            goto out;
+        }
+    }
+    if (i >= argc) {
+        fprintf(stderr, "lapse: no command given\n%s", usage);
+        code = CLI_EXIT_USAGE;
+        goto out;
+    }
+    cli_t cli = {.cfg = cfg, .self = argv[0]};
+    for (size_t c = 0; c < sizeof commands / sizeof commands[0]; c++) {
+        if (strcmp(argv[i], commands[c].name) == 0) {
+            code = commands[c].fn(&cli, argc - i, argv + i);
+            goto out;
+        }
+    }
+    fprintf(stderr, "lapse: unknown command '%s'\n%s", argv[i], usage);
+    code = CLI_EXIT_USAGE;
+out:
+    lapse_config_free(cfg);
+    return code;
+}

@@ -1,0 +1,49 @@
+/* SPDX-License-Identifier: MIT
+ * Internal view of lapse_config_t, read by the library's handles. */
+#ifndef LAPSE_CONFIG_INT_H
+#define LAPSE_CONFIG_INT_H
+
+#include <lapse/config.h>
+
+#define LAPSE__MAX_CLASSES 16
+#define LAPSE__PREFIX_MAX  48
+
+typedef struct lapse__class {
+    char name[24]; /* canonical duration spelling, e.g. "30m" */
+    int64_t ttl_ms;
+} lapse__class_t;
+
+struct lapse_config {
+    char amqp_url[512];
+    /* parsed from amqp_url */
+    char host[256];
+    int port;
+    char user[128];
+    char password[128];
+    char vhost[256];
+
+    char store[1024];
+    char prefix[LAPSE__PREFIX_MAX + 1];
+    lapse__class_t classes[LAPSE__MAX_CLASSES];
+    size_t n_classes;
+    char classes_text[LAPSE__MAX_CLASSES * 24];
+    int prefetch;
+    int heartbeat;
+    int64_t clock_skew_ms;
+    char scratch[64]; /* lapse_config_get() formatting */
+
+    lapse_log_cb log_cb;
+    void *log_opaque;
+};
+
+/** Log a printf-formatted line through cfg's sink (no-op without one). */
+void lapse__log(const lapse_config_t *cfg, lapse_log_level_t level, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+
+/** The class whose TTL equals ttl_ms exactly, or NULL. Borrowed from cfg. */
+const lapse__class_t *lapse__config_find_class(const lapse_config_t *cfg, int64_t ttl_ms);
+
+#endif

@@ -1,0 +1,216 @@
+/* SPDX-License-Identifier: MIT
+ * The topology as one table, declared on the broker, exported as definitions, inspected. */
+#include "topology_int.h"
+
+#include "broker_int.h"
+
+#include <jansson.h>
+#include <stdio.h>
+#include <string.h>
+
+static void add_exchange(lapse__topology_t *topo, const char *name, const char *type,
+                         const char *alternate)
+{
+    lapse__exchange_def_t *x = &topo->exchanges[topo->n_exchanges++];
+    snprintf(x->name, sizeof x->name, "%s", name);
+    x->type = type;
+    snprintf(x->alternate, sizeof x->alternate, "%s", alternate);
+}
+
+static void add_queue(lapse__topology_t *topo, const char *name, int64_t ttl_ms,
+                      const char *dlx, const char *dlrk)
+{
+    lapse__queue_def_t *q = &topo->queues[topo->n_queues++];
+    snprintf(q->name, sizeof q->name, "%s", name);
+    q->ttl_ms = ttl_ms;
+    snprintf(q->dlx, sizeof q->dlx, "%s", dlx);
+    snprintf(q->dlrk, sizeof q->dlrk, "%s", dlrk);
+}
+
+static void add_binding(lapse__topology_t *topo, const char *source, const char *dest,
+                        const char *rk)
+{
+    lapse__binding_def_t *b = &topo->bindings[topo->n_bindings++];
+    snprintf(b->source, sizeof b->source, "%s", source);
+    snprintf(b->destination, sizeof b->destination, "%s", dest);
+    snprintf(b->routing_key, sizeof b->routing_key, "%s", rk);
+}
+
+void lapse__topology_build(const lapse_config_t *cfg, lapse__topology_t *topo)
+{
+    memset(topo, 0, sizeof *topo);
+    const char *p = cfg->prefix;
+    snprintf(topo->hold_exchange, LAPSE__NAME_MAX, "%s.hold", p);
+    snprintf(topo->expired_exchange, LAPSE__NAME_MAX, "%s.expired", p);
+    snprintf(topo->expired_queue, LAPSE__NAME_MAX, "%s.expired", p);
+    snprintf(topo->parked_exchange, LAPSE__NAME_MAX, "%s.parked", p);
+    snprintf(topo->parked_queue, LAPSE__NAME_MAX, "%s.parked", p);
+    snprintf(topo->events_exchange, LAPSE__NAME_MAX, "%s.events", p);
+
+    add_exchange(topo, topo->hold_exchange, "direct", "");
+    /* A dead letter that matches no binding would be dropped silently by classic
+     * dead-lettering; the alternate exchange parks it instead. */
+    add_exchange(topo, topo->expired_exchange, "direct", topo->parked_exchange);
+    add_exchange(topo, topo->parked_exchange, "fanout", "");
+    add_exchange(topo, topo->events_exchange, "topic", "");
+
+    char name[LAPSE__NAME_MAX];
+    /* One queue per class: every message in it has the same TTL, so the queue is FIFO in
+     * expiry order and no message waits behind a longer-lived one. */
+    for (size_t i = 0; i < cfg->n_classes; i++) {
+        snprintf(name, sizeof name, "%s.hold.%s", p, cfg->classes[i].name);
+        add_queue(topo, name, cfg->classes[i].ttl_ms, topo->expired_exchange,
+                  LAPSE__RK_EXPIRED);
+        add_binding(topo, topo->hold_exchange, name, cfg->classes[i].name);
+    }
+    /* Messages that reached the consumer early wait here for their remainder with a
+     * per-message TTL. Mixed TTLs expire only at the head, so this queue may hold a
+     * message late, never early; it is for the rare early arrival only. */
+    snprintf(name, sizeof name, "%s.hold.%s", p, LAPSE__RK_EARLY);
+    add_queue(topo, name, 0, topo->expired_exchange, LAPSE__RK_EXPIRED);
+    add_binding(topo, topo->hold_exchange, name, LAPSE__RK_EARLY);
+
+    add_queue(topo, topo->expired_queue, 0, topo->parked_exchange, "");
+    add_binding(topo, topo->expired_exchange, topo->expired_queue, LAPSE__RK_EXPIRED);
+    add_queue(topo, topo->parked_queue, 0, "", "");
+    add_binding(topo, topo->parked_exchange, topo->parked_queue, "");
+}
+
+static amqp_table_t queue_args(const lapse__queue_def_t *q, amqp_table_entry_t e[3])
+{
+    amqp_table_t t = {.num_entries = 0, .entries = e};
+    if (q->ttl_ms > 0) {
+        e[t.num_entries++] = lapse__entry_i64("x-message-ttl", q->ttl_ms);
+    }
+    if (q->dlx[0]) {
+        e[t.num_entries++] = lapse__entry_str("x-dead-letter-exchange", q->dlx);
+    }
+    if (q->dlrk[0]) {
+        e[t.num_entries++] = lapse__entry_str("x-dead-letter-routing-key", q->dlrk);
+    }
+    return t;
+}
+
+lapse_status_t lapse_topology_declare(const lapse_config_t *cfg, lapse_error_t *err)
+{
+    lapse__topology_t topo;
+    lapse__topology_build(cfg, &topo);
+    lapse__broker_t broker;
+    lapse_status_t rc =
+        lapse__broker_open(&broker, cfg, "lapse topology", 0, NULL, NULL, err);
+    if (rc != LAPSE_OK) {
+        return rc;
+    }
+    char what[2 * LAPSE__NAME_MAX + 64];
+    for (size_t i = 0; i < topo.n_exchanges && rc == LAPSE_OK; i++) {
+        const lapse__exchange_def_t *x = &topo.exchanges[i];
+        amqp_table_entry_t e[1];
+        amqp_table_t args = {.num_entries = 0, .entries = e};
+        if (x->alternate[0]) {
+            e[args.num_entries++] = lapse__entry_str("alternate-exchange", x->alternate);
+        }
+        amqp_exchange_declare(broker.conn, LAPSE__CHANNEL, amqp_cstring_bytes(x->name),
+                              amqp_cstring_bytes(x->type), 0, 1, 0, 0, args);
+        snprintf(what, sizeof what, "declare exchange %s", x->name);
+        rc = lapse__broker_reply(&broker, amqp_get_rpc_reply(broker.conn), what, err);
+    }
+    for (size_t i = 0; i < topo.n_queues && rc == LAPSE_OK; i++) {
+        const lapse__queue_def_t *q = &topo.queues[i];
+        amqp_table_entry_t e[3];
+        amqp_queue_declare(broker.conn, LAPSE__CHANNEL, amqp_cstring_bytes(q->name), 0, 1,
+                           0, 0, queue_args(q, e));
+        snprintf(what, sizeof what, "declare queue %s", q->name);
+        rc = lapse__broker_reply(&broker, amqp_get_rpc_reply(broker.conn), what, err);
+    }
+    for (size_t i = 0; i < topo.n_bindings && rc == LAPSE_OK; i++) {
+        const lapse__binding_def_t *b = &topo.bindings[i];
+        amqp_queue_bind(broker.conn, LAPSE__CHANNEL, amqp_cstring_bytes(b->destination),
+                        amqp_cstring_bytes(b->source), amqp_cstring_bytes(b->routing_key),
+                        amqp_empty_table);
+        snprintf(what, sizeof what, "bind %s to %s", b->destination, b->source);
+        rc = lapse__broker_reply(&broker, amqp_get_rpc_reply(broker.conn), what, err);
+    }
+    lapse__broker_close(&broker);
+    return rc;
+}
+
+char *lapse_topology_export(const lapse_config_t *cfg)
+{
+    lapse__topology_t topo;
+    lapse__topology_build(cfg, &topo);
+    json_t *root = json_object();
+    json_t *exchanges = json_array();
+    json_t *queues = json_array();
+    json_t *bindings = json_array();
+    json_object_set_new(root, "exchanges", exchanges);
+    json_object_set_new(root, "queues", queues);
+    json_object_set_new(root, "bindings", bindings);
+
+    for (size_t i = 0; i < topo.n_exchanges; i++) {
+        const lapse__exchange_def_t *x = &topo.exchanges[i];
+        json_t *args = json_object();
+        if (x->alternate[0]) {
+            json_object_set_new(args, "alternate-exchange", json_string(x->alternate));
+        }
+        json_array_append_new(
+            exchanges, json_pack("{s:s, s:s, s:s, s:b, s:b, s:b, s:o}", "name", x->name,
+                                 "vhost", "/", "type", x->type, "durable", 1, "auto_delete",
+                                 0, "internal", 0, "arguments", args));
+    }
+    for (size_t i = 0; i < topo.n_queues; i++) {
+        const lapse__queue_def_t *q = &topo.queues[i];
+        json_t *args = json_object();
+        if (q->ttl_ms > 0) {
+            json_object_set_new(args, "x-message-ttl", json_integer(q->ttl_ms));
+        }
+        if (q->dlx[0]) {
+            json_object_set_new(args, "x-dead-letter-exchange", json_string(q->dlx));
+        }
+        if (q->dlrk[0]) {
+            json_object_set_new(args, "x-dead-letter-routing-key", json_string(q->dlrk));
+        }
+        json_array_append_new(queues,
+                              json_pack("{s:s, s:s, s:b, s:b, s:o}", "name", q->name,
+                                        "vhost", "/", "durable", 1, "auto_delete", 0,
+                                        "arguments", args));
+    }
+    for (size_t i = 0; i < topo.n_bindings; i++) {
+        const lapse__binding_def_t *b = &topo.bindings[i];
+        json_array_append_new(
+            bindings, json_pack("{s:s, s:s, s:s, s:s, s:s, s:{}}", "source", b->source,
+                                "vhost", "/", "destination", b->destination,
+                                "destination_type", "queue", "routing_key",
+                                b->routing_key, "arguments"));
+    }
+    char *text = json_dumps(root, JSON_INDENT(2));
+    json_decref(root);
+    return text;
+}
+
+lapse_status_t lapse_topology_inspect(const lapse_config_t *cfg, lapse_queue_stat_cb cb,
+                                      void *opaque, lapse_error_t *err)
+{
+    lapse__topology_t topo;
+    lapse__topology_build(cfg, &topo);
+    lapse__broker_t broker;
+    lapse_status_t rc = lapse__broker_open(&broker, cfg, "lapse status", 0, NULL, NULL, err);
+    if (rc != LAPSE_OK) {
+        return rc;
+    }
+    for (size_t i = 0; i < topo.n_queues && rc == LAPSE_OK; i++) {
+        /* A passive declare answers with the live counts; the HTTP API lags by seconds. */
+        amqp_queue_declare_ok_t *ok =
+            amqp_queue_declare(broker.conn, LAPSE__CHANNEL,
+                               amqp_cstring_bytes(topo.queues[i].name), 1, 0, 0, 0,
+                               amqp_empty_table);
+        char what[2 * LAPSE__NAME_MAX + 64];
+        snprintf(what, sizeof what, "queue %s (run 'lapse topology declare')",
+                 topo.queues[i].name);
+        rc = lapse__broker_reply(&broker, amqp_get_rpc_reply(broker.conn), what, err);
+        if (rc == LAPSE_OK && ok) {
+            cb(opaque, topo.queues[i].name, ok->message_count, ok->consumer_count);
+        }
+    }
+    lapse__broker_close(&broker);
+    return rc;
+}

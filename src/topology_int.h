@@ -1,0 +1,52 @@
+/* SPDX-License-Identifier: MIT
+ * Internal: the topology as data, shared by declare, export, inspect and the handles. */
+#ifndef LAPSE_TOPOLOGY_INT_H
+#define LAPSE_TOPOLOGY_INT_H
+
+#include "config_int.h"
+
+#include <lapse/topology.h>
+
+#define LAPSE__NAME_MAX 96
+#define LAPSE__RK_EXPIRED   "order.expired"
+#define LAPSE__RK_EARLY     "early"
+
+typedef struct lapse__exchange_def {
+    char name[LAPSE__NAME_MAX];
+    const char *type; /* static */
+    char alternate[LAPSE__NAME_MAX]; /* "" for none */
+} lapse__exchange_def_t;
+
+typedef struct lapse__queue_def {
+    char name[LAPSE__NAME_MAX];
+    int64_t ttl_ms; /* queue-level x-message-ttl, 0 for none */
+    char dlx[LAPSE__NAME_MAX];  /* "" for none */
+    char dlrk[LAPSE__NAME_MAX]; /* "" keeps the message's routing key */
+} lapse__queue_def_t;
+
+typedef struct lapse__binding_def {
+    char source[LAPSE__NAME_MAX];
+    char destination[LAPSE__NAME_MAX];
+    char routing_key[LAPSE__NAME_MAX];
+} lapse__binding_def_t;
+
+typedef struct lapse__topology {
+    lapse__exchange_def_t exchanges[4];
+    size_t n_exchanges;
+    lapse__queue_def_t queues[LAPSE__MAX_CLASSES + 3];
+    size_t n_queues;
+    lapse__binding_def_t bindings[LAPSE__MAX_CLASSES + 3];
+    size_t n_bindings;
+    /* names the handles use */
+    char hold_exchange[LAPSE__NAME_MAX];
+    char expired_exchange[LAPSE__NAME_MAX];
+    char expired_queue[LAPSE__NAME_MAX];
+    char parked_exchange[LAPSE__NAME_MAX];
+    char parked_queue[LAPSE__NAME_MAX];
+    char events_exchange[LAPSE__NAME_MAX];
+} lapse__topology_t;
+
+/** Build the topology of cfg (pure). */
+void lapse__topology_build(const lapse_config_t *cfg, lapse__topology_t *topo);
+
+#endif
