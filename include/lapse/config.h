@@ -42,6 +42,9 @@ LAPSE_API lapse_status_t lapse_config_from_env(lapse_config_t *cfg, lapse_error_
 /** Current value as text; borrowed until the next set/free on cfg. NULL if unknown. */
 LAPSE_API const char *lapse_config_get(const lapse_config_t *cfg, const char *name);
 
+/** True when ttl_ms is exactly one of the configured classes. */
+LAPSE_API bool lapse_config_has_class(const lapse_config_t *cfg, int64_t ttl_ms);
+
 /** Set the log sink (default: none). */
 LAPSE_API void lapse_config_set_log_cb(lapse_config_t *cfg, lapse_log_cb cb, void *opaque);
 

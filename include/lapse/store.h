@@ -134,7 +134,8 @@ LAPSE_API lapse_status_t lapse_store_count(lapse_store_t *store, int64_t counts[
 /**
  * Call cb for unpublished outbox events, oldest first, at most limit of them; when
  * only_seqs is not NULL, only those with a seq in only_seqs[0..n_seqs). A non-zero
- * return from cb stops the walk.
+ * return from cb stops the walk. limit 0, or only_seqs with n_seqs 0, matches nothing.
+ * The events are read before the first call to cb, so cb may use this same handle.
  */
 LAPSE_API lapse_status_t lapse_store_events_pending(lapse_store_t *store, size_t limit,
                                                     const int64_t *only_seqs,

@@ -269,19 +269,11 @@ int cmd_publish(cli_t *cli, int argc, char **argv)
         return cli_usage_error("publish", usage,
                                "invalid --timeout '%s' (e.g. 90s, 30m, 2h)", timeout);
     }
-    lapse_config_t *cfg = cli->cfg;
-    const char *classes = lapse_config_get(cfg, "classes");
-    char canon[32];
-    lapse_duration_format(timeout_ms, canon, sizeof canon);
-    char list[256];
-    snprintf(list, sizeof list, ",%s,", classes);
-    char needle[40];
-    snprintf(needle, sizeof needle, ",%s,", canon);
-    if (!strstr(list, needle)) {
+    if (!lapse_config_has_class(cli->cfg, timeout_ms)) {
         return cli_usage_error("publish", usage,
                                "--timeout %s matches no configured class (classes: %s); "
                                "add it with --classes",
-                               timeout, classes);
+                               timeout, lapse_config_get(cli->cfg, "classes"));
     }
     for (size_t i = 0; i < n_holds; i++) {
         size_t hl = strlen(holds[i]);

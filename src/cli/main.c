@@ -41,10 +41,28 @@ static const struct {
 static const struct {
     const char *flag;
     const char *property;
+    const char *env;
 } globals[] = {
-    {"--amqp", "amqp_url"}, {"--store", "store"},           {"--prefix", "prefix"},
-    {"--classes", "classes"}, {"--clock-skew", "clock_skew"},
+    {"--amqp", "amqp_url", "LAPSE_AMQP_URL"},  {"--store", "store", "LAPSE_STORE"},
+    {"--prefix", "prefix", "LAPSE_PREFIX"},    {"--classes", "classes", "LAPSE_CLASSES"},
+    {"--clock-skew", "clock_skew", NULL},
 };
+
+/* True when a global flag (before the command) is given, as "--x v" or "--x=v". */
+static int has_flag(int argc, char **argv, const char *flag)
+{
+    size_t len = strlen(flag);
+    for (int i = 1; i < argc && argv[i][0] == '-'; i++) {
+        if (strncmp(argv[i], flag, len) == 0 && (argv[i][len] == '\0' || argv[i][len] == '=')) {
+            return 1;
+        }
+        if (!strchr(argv[i], '=') && strcmp(argv[i], "--help") != 0 &&
+            strcmp(argv[i], "-h") != 0 && strcmp(argv[i], "--version") != 0) {
+            i++; /* skip the flag's value */
+        }
+    }
+    return 0;
+}
 
 int main(int argc, char **argv)
 {
@@ -56,11 +74,20 @@ int main(int argc, char **argv)
     lapse_config_set_log_cb(cfg, cli_log_stderr, NULL);
     lapse_error_t err = {0};
     int code = CLI_EXIT_OK;
-    lapse_status_t rc = lapse_config_from_env(cfg, &err);
-    if (rc != LAPSE_OK) {
-        fprintf(stderr, "lapse: environment: %s\n", err.text);
-        code = CLI_EXIT_USAGE;
-        goto out;
+    lapse_status_t rc;
+    /* A flag beats its variable, so a variable is only read (and checked) when its flag
+     * is absent. */
+    for (size_t g = 0; g < sizeof globals / sizeof globals[0]; g++) {
+        const char *value = globals[g].env ? getenv(globals[g].env) : NULL;
+        if (!value || !value[0] || has_flag(argc, argv, globals[g].flag)) {
+            continue;
+        }
+        rc = lapse_config_set(cfg, globals[g].property, value, &err);
+        if (rc != LAPSE_OK) {
+            fprintf(stderr, "lapse: %s: %s\n", globals[g].env, err.text);
+            code = CLI_EXIT_USAGE;
+            goto out;
+        }
     }
     int i = 1;
     for (; i < argc && argv[i][0] == '-'; i++) {

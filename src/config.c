@@ -1,0 +1,423 @@
+/* SPDX-License-Identifier: MIT
+ * Configuration properties: parsing, validation and the text form of each value. */
+#include "config_int.h"
+
+#include <lapse/message.h>
+
+#include <amqp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define DEFAULT_AMQP_URL "amqp://guest:guest@localhost:5672/%2f"
+
+/* RabbitMQ refuses an x-message-ttl above 2^32-1 ms (its Erlang timer limit); catching it
+ * here turns a failed queue.declare at start-up into a clear configuration error. */
+#define CLASS_TTL_MAX_MS INT64_C(4294967295)
+
+/* Copy src into a fixed field, or report that it does not fit. */
+static bool copy_field(char *dst, size_t cap, const char *src) {
+    size_t n = strlen(src);
+    if (n >= cap) {
+        return false;
+    }
+    memcpy(dst, src, n + 1);
+    return true;
+}
+
+/* Strict decimal integer in [lo, hi], no sign, no spaces. */
+static bool parse_int_range(const char *text, long lo, long hi, int *out) {
+    long v = 0;
+    const char *p = text;
+    if (*p == '\0') {
+        return false;
+    }
+    for (; *p != '\0'; p++) {
+        if (*p < '0' || *p > '9') {
+            return false;
+        }
+        v = v * 10 + (*p - '0');
+        if (v > hi) {
+            return false;
+        }
+    }
+    if (v < lo) {
+        return false;
+    }
+    *out = (int)v;
+    return true;
+}
+
+static lapse_status_t set_amqp_url(lapse_config_t *cfg, const char *value,
+                                   lapse_error_t *err) {
+    /* Error texts never repeat the URL: it usually carries a password. */
+    char url[sizeof cfg->amqp_url];
+    if (!copy_field(url, sizeof url, value)) {
+        return lapse_error_set(err, LAPSE_ERR_CONFIG_URL,
+                               "AMQP URL is longer than %zu bytes", sizeof url - 1);
+    }
+    if (strncmp(value, "amqps://", 8) == 0) {
+        return lapse_error_set(err, LAPSE_ERR_CONFIG_URL,
+                               "amqps:// (TLS) URLs are not supported; use amqp://");
+    }
+    if (strncmp(value, "amqp://", 7) != 0) {
+        return lapse_error_set(err, LAPSE_ERR_CONFIG_URL,
+                               "AMQP URL must start with amqp://");
+    }
+    for (const char *p = value; *p != '\0'; p++) {
+        unsigned char c = (unsigned char)*p;
+        if (c <= 0x20 || c >= 0x7F) {
+            return lapse_error_set(
+                err, LAPSE_ERR_CONFIG_URL,
+                "AMQP URL contains a space, control or non-ASCII byte; "
+                "percent-encode it");
+        }
+        /* amqp_parse_url would decode %00 and silently cut the field short. */
+        if (c == '%' && p[1] == '0' && p[2] == '0') {
+            return lapse_error_set(err, LAPSE_ERR_CONFIG_URL, "AMQP URL contains %%00");
+        }
+    }
+
+    struct amqp_connection_info info;
+    amqp_default_connection_info(&info);
+    if (amqp_parse_url(url, &info) != AMQP_STATUS_OK) {
+        return lapse_error_set(err, LAPSE_ERR_CONFIG_URL,
+                               "cannot parse AMQP URL (expected "
+                               "amqp://user:password@host:port/vhost)");
+    }
+    if (info.port < 1 || info.port > 65535) {
+        return lapse_error_set(err, LAPSE_ERR_CONFIG_URL,
+                               "AMQP URL port %d is out of range", info.port);
+    }
+    /* "amqp://host/" names the vhost "" (AMQP URI spec), which RabbitMQ never has; say so
+     * now rather than fail the login later. rabbitmq-c 0.11 percent-decodes every part,
+     * so
+     * "%2f" already arrives here as "/". */
+    if (info.vhost[0] == '\0') {
+        return lapse_error_set(
+            err, LAPSE_ERR_CONFIG_URL,
+            "AMQP URL names an empty vhost; use %%2f for the vhost \"/\"");
+    }
+    if (info.host[0] == '\0') {
+        return lapse_error_set(err, LAPSE_ERR_CONFIG_URL, "AMQP URL has an empty host");
+    }
+    char host[sizeof cfg->host], user[sizeof cfg->user], password[sizeof cfg->password],
+        vhost[sizeof cfg->vhost];
+    if (!copy_field(host, sizeof host, info.host) ||
+        !copy_field(user, sizeof user, info.user) ||
+        !copy_field(password, sizeof password, info.password) ||
+        !copy_field(vhost, sizeof vhost, info.vhost)) {
+        return lapse_error_set(err, LAPSE_ERR_CONFIG_URL,
+                               "a part of the AMQP URL is too long");
+    }
+
+    memcpy(cfg->amqp_url, value, strlen(value) + 1);
+    memcpy(cfg->host, host, sizeof host);
+    memcpy(cfg->user, user, sizeof user);
+    memcpy(cfg->password, password, sizeof password);
+    memcpy(cfg->vhost, vhost, sizeof vhost);
+    cfg->port = info.port;
+    return LAPSE_OK;
+}
+
+static lapse_status_t set_store(lapse_config_t *cfg, const char *value,
+                                lapse_error_t *err) {
+    bool ok = (strncmp(value, "sqlite:", 7) == 0 && value[7] != '\0') ||
+              strncmp(value, "postgres://", 11) == 0 ||
+              strncmp(value, "postgresql://", 13) == 0;
+    if (!ok) {
+        return lapse_error_set(err, LAPSE_ERR_CONFIG_STORE,
+                               "store must be sqlite:PATH or postgres://...");
+    }
+    if (!copy_field(cfg->store, sizeof cfg->store, value)) {
+        return lapse_error_set(err, LAPSE_ERR_CONFIG_STORE,
+                               "store URI is longer than %zu bytes",
+                               sizeof cfg->store - 1);
+    }
+    return LAPSE_OK;
+}
+
+static lapse_status_t set_prefix(lapse_config_t *cfg, const char *value,
+                                 lapse_error_t *err) {
+    size_t n = strlen(value);
+    if (n == 0 || n > LAPSE__PREFIX_MAX) {
+        return lapse_error_set(err, LAPSE_ERR_CONFIG_PREFIX, "prefix must be 1..%d bytes",
+                               LAPSE__PREFIX_MAX);
+    }
+    for (size_t i = 0; i < n; i++) {
+        char c = value[i];
+        if (!((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') ||
+              (c >= '0' && c <= '9') || c == '_' || c == '-')) {
+            return lapse_error_set(err, LAPSE_ERR_CONFIG_PREFIX,
+                                   "prefix contains a byte outside [A-Za-z0-9_-]");
+        }
+    }
+    memcpy(cfg->prefix, value, n + 1);
+    return LAPSE_OK;
+}
+
+static int compare_class(const void *a, const void *b) {
+    int64_t x = ((const lapse__class_t *)a)->ttl_ms;
+    int64_t y = ((const lapse__class_t *)b)->ttl_ms;
+    return (x > y) - (x < y);
+}
+
+static lapse_status_t set_classes(lapse_config_t *cfg, const char *value,
+                                  lapse_error_t *err) {
+    lapse__class_t classes[LAPSE__MAX_CLASSES];
+    size_t n = 0;
+    const char *p = value;
+    for (;;) {
+        /* Spaces around an item are forgiven ("15m, 30m"); an empty item is not. */
+        while (*p == ' ') {
+            p++;
+        }
+        const char *end = p;
+        while (*end != ',' && *end != '\0') {
+            end++;
+        }
+        const char *last = end;
+        while (last > p && last[-1] == ' ') {
+            last--;
+        }
+        char item[32];
+        size_t len = (size_t)(last - p);
+        if (len == 0) {
+            return lapse_error_set(err, LAPSE_ERR_CONFIG_CLASS,
+                                   "classes: empty item in the list");
+        }
+        if (len >= sizeof item) {
+            return lapse_error_set(err, LAPSE_ERR_CONFIG_CLASS,
+                                   "classes: an item is too long to be a duration");
+        }
+        memcpy(item, p, len);
+        item[len] = '\0';
+        int64_t ttl = 0;
+        if (lapse_duration_parse(item, &ttl) != LAPSE_OK) {
+            return lapse_error_set(err, LAPSE_ERR_CONFIG_CLASS,
+                                   "classes: \"%s\" is not a duration", item);
+        }
+        if (ttl > CLASS_TTL_MAX_MS) {
+            return lapse_error_set(err, LAPSE_ERR_CONFIG_CLASS,
+                                   "classes: \"%s\" is longer than RabbitMQ's largest "
+                                   "queue TTL (4294967295ms)",
+                                   item);
+        }
+        bool seen = false;
+        for (size_t i = 0; i < n; i++) {
+            seen = seen || classes[i].ttl_ms == ttl;
+        }
+        if (!seen) {
+            if (n == LAPSE__MAX_CLASSES) {
+                return lapse_error_set(err, LAPSE_ERR_CONFIG_CLASS,
+                                       "classes: more than %d distinct classes",
+                                       LAPSE__MAX_CLASSES);
+            }
+            classes[n].ttl_ms = ttl;
+            lapse_duration_format(ttl, classes[n].name, sizeof classes[n].name);
+            n++;
+        }
+        if (*end == '\0') {
+            break;
+        }
+        p = end + 1;
+    }
+    /* Sorted by TTL so queue names and the topology export come out in a stable order. */
+    qsort(classes, n, sizeof classes[0], compare_class);
+
+    char text[sizeof cfg->classes_text];
+    size_t used = 0;
+    for (size_t i = 0; i < n; i++) {
+        /* 16 names of at most 12 bytes ("4294967295ms") and commas fit easily. */
+        used += (size_t)snprintf(text + used, sizeof text - used, "%s%s",
+                                 i > 0 ? "," : "", classes[i].name);
+    }
+    memcpy(cfg->classes, classes, n * sizeof classes[0]);
+    cfg->n_classes = n;
+    memcpy(cfg->classes_text, text, used + 1);
+    return LAPSE_OK;
+}
+
+static lapse_status_t set_clock_skew(lapse_config_t *cfg, const char *value,
+                                     lapse_error_t *err) {
+    int64_t skew = 0;
+    /* "0" turns the hook off again; a duration alone cannot be zero. */
+    if (strcmp(value, "0") != 0) {
+        bool negative = value[0] == '-';
+        if (lapse_duration_parse(value + negative, &skew) != LAPSE_OK) {
+            return lapse_error_set(err, LAPSE_ERR_CONFIG_DURATION,
+                                   "clock_skew \"%s\" is not a duration, e.g. -90s",
+                                   value);
+        }
+        skew = negative ? -skew : skew;
+    }
+    cfg->clock_skew_ms = skew;
+    lapse_clock_set_skew_ms(skew);
+    return LAPSE_OK;
+}
+
+lapse_status_t lapse_config_set(lapse_config_t *cfg, const char *name, const char *value,
+                                lapse_error_t *err) {
+    lapse_error_clear(err);
+    if (cfg == NULL || name == NULL || value == NULL) {
+        return lapse_error_set(err, LAPSE_ERR_INVALID, "no config, property or value");
+    }
+    if (strcmp(name, "amqp_url") == 0) {
+        return set_amqp_url(cfg, value, err);
+    }
+    if (strcmp(name, "store") == 0) {
+        return set_store(cfg, value, err);
+    }
+    if (strcmp(name, "prefix") == 0) {
+        return set_prefix(cfg, value, err);
+    }
+    if (strcmp(name, "classes") == 0) {
+        return set_classes(cfg, value, err);
+    }
+    if (strcmp(name, "prefetch") == 0) {
+        /* AMQP's basic.qos prefetch-count is a short; 0 would mean unlimited. */
+        if (!parse_int_range(value, 1, 65535, &cfg->prefetch)) {
+            return lapse_error_set(err, LAPSE_ERR_CONFIG_VALUE,
+                                   "prefetch \"%s\" is not an integer in 1..65535",
+                                   value);
+        }
+        return LAPSE_OK;
+    }
+    if (strcmp(name, "heartbeat") == 0) {
+        if (!parse_int_range(value, 0, 3600, &cfg->heartbeat)) {
+            return lapse_error_set(
+                err, LAPSE_ERR_CONFIG_VALUE,
+                "heartbeat \"%s\" is not a number of seconds in 0..3600", value);
+        }
+        return LAPSE_OK;
+    }
+    if (strcmp(name, "clock_skew") == 0) {
+        return set_clock_skew(cfg, value, err);
+    }
+    return lapse_error_set(err, LAPSE_ERR_CONFIG_UNKNOWN, "unknown property \"%s\"",
+                           name);
+}
+
+lapse_config_t *lapse_config_new(void) {
+    lapse_config_t *cfg = calloc(1, sizeof *cfg);
+    if (cfg == NULL) {
+        return NULL;
+    }
+    /* Defaults go through the setters so they are parsed exactly like user input. They do
+     * not touch clock_skew: a new config must not reset a skew another config set. */
+    static const char *const defaults[][2] = {
+        {"amqp_url", DEFAULT_AMQP_URL},
+        {"store", "sqlite:lapse.db"},
+        {"prefix", "lapse"},
+        {"classes", "30m"},
+        {"prefetch", "200"},
+        {"heartbeat", "30"},
+    };
+    for (size_t i = 0; i < sizeof defaults / sizeof defaults[0]; i++) {
+        if (lapse_config_set(cfg, defaults[i][0], defaults[i][1], NULL) != LAPSE_OK) {
+            free(cfg);
+            return NULL;
+        }
+    }
+    return cfg;
+}
+
+void lapse_config_free(lapse_config_t *cfg) {
+    free(cfg);
+}
+
+lapse_status_t lapse_config_from_env(lapse_config_t *cfg, lapse_error_t *err) {
+    lapse_error_clear(err);
+    if (cfg == NULL) {
+        return lapse_error_set(err, LAPSE_ERR_INVALID, "no config");
+    }
+    static const char *const vars[][2] = {
+        {"LAPSE_AMQP_URL", "amqp_url"},
+        {"LAPSE_STORE", "store"},
+        {"LAPSE_PREFIX", "prefix"},
+        {"LAPSE_CLASSES", "classes"},
+    };
+    /* All or nothing, like lapse_config_set: apply to a copy, keep it only if every
+     * variable was valid. None of these properties has a side effect outside cfg. */
+    lapse_config_t next = *cfg;
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+        const char *value = getenv(vars[i][0]);
+        /* An empty variable counts as unset, as shells and compose files produce them. */
+        if (value == NULL || value[0] == '\0') {
+            continue;
+        }
+        lapse_error_t detail;
+        lapse_status_t rc = lapse_config_set(&next, vars[i][1], value, &detail);
+        if (rc != LAPSE_OK) {
+            return lapse_error_set(err, rc, "%s: %s", vars[i][0], detail.text);
+        }
+    }
+    *cfg = next;
+    return LAPSE_OK;
+}
+
+const char *lapse_config_get(const lapse_config_t *cfg, const char *name) {
+    if (cfg == NULL || name == NULL) {
+        return NULL;
+    }
+    if (strcmp(name, "amqp_url") == 0) {
+        return cfg->amqp_url;
+    }
+    if (strcmp(name, "store") == 0) {
+        return cfg->store;
+    }
+    if (strcmp(name, "prefix") == 0) {
+        return cfg->prefix;
+    }
+    if (strcmp(name, "classes") == 0) {
+        return cfg->classes_text;
+    }
+    /* Numbers are formatted on demand into the config's scratch buffer. The config is
+     * always heap-allocated by lapse_config_new, so writing through the cast is defined;
+     * the const only promises that no property changes. */
+    char *scratch = ((lapse_config_t *)cfg)->scratch;
+    size_t cap = sizeof cfg->scratch;
+    if (strcmp(name, "prefetch") == 0) {
+        snprintf(scratch, cap, "%d", cfg->prefetch);
+        return scratch;
+    }
+    if (strcmp(name, "heartbeat") == 0) {
+        snprintf(scratch, cap, "%d", cfg->heartbeat);
+        return scratch;
+    }
+    if (strcmp(name, "clock_skew") == 0) {
+        if (cfg->clock_skew_ms == 0) {
+            snprintf(scratch, cap, "0");
+        } else {
+            lapse_duration_format(cfg->clock_skew_ms, scratch, cap);
+        }
+        return scratch;
+    }
+    return NULL;
+}
+
+void lapse_config_set_log_cb(lapse_config_t *cfg, lapse_log_cb cb, void *opaque) {
+    if (cfg == NULL) {
+        return;
+    }
+    cfg->log_cb = cb;
+    cfg->log_opaque = opaque;
+}
+
+const lapse__class_t *lapse__config_find_class(const lapse_config_t *cfg,
+                                               int64_t ttl_ms) {
+    if (cfg == NULL) {
+        return NULL;
+    }
+    for (size_t i = 0; i < cfg->n_classes; i++) {
+        if (cfg->classes[i].ttl_ms == ttl_ms) {
+            return &cfg->classes[i];
+        }
+    }
+    return NULL;
+}
+
+bool lapse_config_has_class(const lapse_config_t *cfg, int64_t ttl_ms)
+{
+    return lapse__config_find_class(cfg, ttl_ms) != NULL;
+}

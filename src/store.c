@@ -1,0 +1,405 @@
+/* SPDX-License-Identifier: MIT
+ * Store front: URI dispatch, argument checks, forwarding through the backend v-table. */
+#include <stdlib.h>
+#include <string.h>
+
+#include <jansson.h>
+
+#include "store_int.h"
+
+const char *lapse_order_status_name(lapse_order_status_t status) {
+    switch (status) {
+        case LAPSE_ORDER_PENDING:
+            return "pending";
+        case LAPSE_ORDER_PAID:
+            return "paid";
+        case LAPSE_ORDER_CANCELLED:
+            return "cancelled";
+    }
+    return "unknown";
+}
+
+const char *lapse_cancel_outcome_name(lapse_cancel_outcome_t outcome) {
+    switch (outcome) {
+        case LAPSE_CANCEL_DONE:
+            return "cancelled";
+        case LAPSE_CANCEL_NOOP_PAID:
+            return "noop_paid";
+        case LAPSE_CANCEL_NOOP_CANCELLED:
+            return "noop_cancelled";
+        case LAPSE_CANCEL_EARLY:
+            return "early";
+        case LAPSE_CANCEL_UNKNOWN:
+            return "unknown";
+    }
+    return "unknown";
+}
+
+lapse_status_t lapse__order_status_parse(const char *text, lapse_order_status_t *out) {
+    static const lapse_order_status_t all[] = {LAPSE_ORDER_PENDING, LAPSE_ORDER_PAID,
+                                               LAPSE_ORDER_CANCELLED};
+    for (size_t i = 0; text != NULL && i < sizeof(all) / sizeof(all[0]); i++) {
+        if (strcmp(text, lapse_order_status_name(all[i])) == 0) {
+            *out = all[i];
+            return LAPSE_OK;
+        }
+    }
+    return LAPSE_ERR_STORE_SQL;
+}
+
+lapse_status_t lapse__insert_verdict(const lapse_order_t *existing, int64_t deadline_ms) {
+    if (existing->deadline_ms != deadline_ms) {
+        return LAPSE_ERR_STORE_CONFLICT;
+    }
+    return existing->status == LAPSE_ORDER_PENDING ? LAPSE_OK : LAPSE_ERR_STORE_STATE;
+}
+
+lapse_status_t lapse__pay_verdict(const char *order_id, const lapse_order_t *existing,
+                                  lapse_error_t *err) {
+    if (existing == NULL) {
+        return lapse_error_set(err, LAPSE_ERR_STORE_NOT_FOUND, "order %s not found",
+                               order_id);
+    }
+    switch (existing->status) {
+        case LAPSE_ORDER_PAID:
+            return LAPSE_OK;
+        case LAPSE_ORDER_CANCELLED:
+            return lapse_error_set(err, LAPSE_ERR_STORE_STATE,
+                                   "order %s is already cancelled", order_id);
+        case LAPSE_ORDER_PENDING:
+            break;
+    }
+    /* Still pending, so the CAS failed on the deadline: the window has closed. */
+    char deadline[LAPSE_RFC3339_LEN];
+    lapse_time_format_rfc3339(existing->deadline_ms, deadline);
+    return lapse_error_set(err, LAPSE_ERR_STORE_LAPSED,
+                           "order %s: payment window closed at %s", order_id, deadline);
+}
+
+lapse_cancel_outcome_t lapse__cancel_verdict(lapse_order_status_t status) {
+    switch (status) {
+        case LAPSE_ORDER_PAID:
+            return LAPSE_CANCEL_NOOP_PAID;
+        case LAPSE_ORDER_CANCELLED:
+            return LAPSE_CANCEL_NOOP_CANCELLED;
+        case LAPSE_ORDER_PENDING:
+            break;
+    }
+    /* Still pending, so the CAS failed on the deadline: it is ahead. */
+    return LAPSE_CANCEL_EARLY;
+}
+
+void lapse_order_init(lapse_order_t *order) {
+    if (order == NULL) {
+        return;
+    }
+    memset(order, 0, sizeof(*order));
+    order->status = LAPSE_ORDER_PENDING;
+    order->paid_at_ms = -1;
+    order->cancelled_at_ms = -1;
+}
+
+void lapse_order_clear(lapse_order_t *order) {
+    if (order == NULL) {
+        return;
+    }
+    for (size_t i = 0; i < order->n_holds; i++) {
+        free(order->holds[i]);
+    }
+    free(order->holds);
+    lapse_order_init(order);
+}
+
+static bool has_prefix(const char *s, const char *prefix) {
+    return strncmp(s, prefix, strlen(prefix)) == 0;
+}
+
+lapse_store_t *lapse_store_open(const char *uri, lapse_status_t *rc, lapse_error_t *err) {
+    lapse_status_t ignored;
+    if (rc == NULL) {
+        rc = &ignored;
+    }
+    lapse_error_clear(err);
+    if (uri == NULL) {
+        *rc = lapse_error_set(err, LAPSE_ERR_CONFIG_STORE, "no store URI");
+        return NULL;
+    }
+    if (has_prefix(uri, "sqlite:")) {
+        const char *path = uri + strlen("sqlite:");
+        if (*path == '\0') {
+            *rc = lapse_error_set(err, LAPSE_ERR_CONFIG_STORE,
+                                  "store URI \"sqlite:\" needs a path");
+            return NULL;
+        }
+        return lapse__store_sqlite_open(path, rc, err);
+    }
+    if (has_prefix(uri, "postgres://") || has_prefix(uri, "postgresql://")) {
+        *rc = lapse_error_set(err, LAPSE_ERR_CONFIG_STORE,
+                              "PostgreSQL store not built in yet");
+        return NULL;
+    }
+    /* The URI may carry a password, so only its scheme goes into the message. */
+    size_t scheme = strcspn(uri, ":");
+    *rc = lapse_error_set(err, LAPSE_ERR_CONFIG_STORE,
+                          "unsupported store URI scheme \"%.*s\" (want sqlite:PATH)",
+                          (int)(scheme < 32 ? scheme : 32), uri);
+    return NULL;
+}
+
+void lapse_store_close(lapse_store_t *store) {
+    if (store != NULL) {
+        store->cls->close(store);
+    }
+}
+
+static lapse_status_t invalid(lapse_error_t *err, const char *what) {
+    return lapse_error_set(err, LAPSE_ERR_INVALID, "%s", what);
+}
+
+/* Hold names end up in the JSON of the order.cancelled event. One that jansson refuses
+ * would make the order impossible to cancel, so it is refused here, before it is stored.
+ * jansson's own check is used so the two can never disagree. */
+static bool hold_is_valid(const char *name) {
+    if (name == NULL || name[0] == '\0') {
+        return false;
+    }
+    json_t *probe = json_string(name);
+    bool ok = probe != NULL;
+    json_decref(probe);
+    return ok;
+}
+
+lapse_status_t lapse_store_insert_orders(lapse_store_t *store,
+                                         const lapse_new_order_t *orders, size_t n,
+                                         lapse_status_t *results, lapse_error_t *err) {
+    lapse_error_clear(err);
+    if (store == NULL || (n > 0 && (orders == NULL || results == NULL))) {
+        return invalid(err, "insert_orders: NULL argument");
+    }
+    /* Checked up front so that a bad order refuses the whole batch before anything is
+     * written, and so every stored id fits lapse_order_t.order_id. */
+    for (size_t i = 0; i < n; i++) {
+        const lapse_new_order_t *order = &orders[i];
+        if (order->order_id == NULL ||
+            !lapse_order_id_is_valid(order->order_id, strlen(order->order_id))) {
+            return lapse_error_set(err, LAPSE_ERR_INVALID, "order %zu: invalid order id",
+                                   i);
+        }
+        if (order->n_holds > 0 && order->holds == NULL) {
+            return lapse_error_set(err, LAPSE_ERR_INVALID, "order %s: holds is NULL",
+                                   order->order_id);
+        }
+        for (size_t h = 0; h < order->n_holds; h++) {
+            if (!hold_is_valid(order->holds[h])) {
+                return lapse_error_set(err, LAPSE_ERR_INVALID,
+                                       "order %s: hold %zu is empty or not UTF-8",
+                                       order->order_id, h);
+            }
+        }
+    }
+    if (n == 0) {
+        return LAPSE_OK;
+    }
+    return store->cls->insert_orders(store, orders, n, results, err);
+}
+
+lapse_status_t lapse_store_mark_scheduled(lapse_store_t *store,
+                                          const char *const *order_ids, size_t n,
+                                          lapse_error_t *err) {
+    lapse_error_clear(err);
+    if (store == NULL || (n > 0 && order_ids == NULL)) {
+        return invalid(err, "mark_scheduled: NULL argument");
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (order_ids[i] == NULL) {
+            return invalid(err, "mark_scheduled: NULL order id");
+        }
+    }
+    if (n == 0) {
+        return LAPSE_OK;
+    }
+    return store->cls->mark_scheduled(store, order_ids, n, err);
+}
+
+lapse_status_t lapse_store_pay(lapse_store_t *store, const char *order_id, int64_t now_ms,
+                               lapse_error_t *err) {
+    lapse_error_clear(err);
+    if (store == NULL || order_id == NULL) {
+        return invalid(err, "pay: NULL argument");
+    }
+    return store->cls->pay(store, order_id, now_ms, err);
+}
+
+lapse_status_t lapse_store_cancel_batch(lapse_store_t *store, lapse_cancel_item_t *items,
+                                        size_t n, int64_t now_ms, lapse_error_t *err) {
+    lapse_error_clear(err);
+    if (store == NULL || (n > 0 && items == NULL)) {
+        return invalid(err, "cancel_batch: NULL argument");
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (items[i].order_id == NULL) {
+            return invalid(err, "cancel_batch: NULL order id");
+        }
+    }
+    if (n == 0) {
+        return LAPSE_OK;
+    }
+    return store->cls->cancel_batch(store, items, n, now_ms, err);
+}
+
+lapse_status_t lapse_store_get(lapse_store_t *store, const char *order_id,
+                               lapse_order_t *out, lapse_error_t *err) {
+    lapse_error_clear(err);
+    if (store == NULL || order_id == NULL || out == NULL) {
+        return invalid(err, "get: NULL argument");
+    }
+    return store->cls->get(store, order_id, out, err);
+}
+
+lapse_status_t lapse_store_count(lapse_store_t *store, int64_t counts[3],
+                                 lapse_error_t *err) {
+    lapse_error_clear(err);
+    if (store == NULL || counts == NULL) {
+        return invalid(err, "count: NULL argument");
+    }
+    return store->cls->count(store, counts, err);
+}
+
+bool lapse__event_list_add(lapse__event_list_t *list, int64_t seq, const char *event_id,
+                           size_t event_id_len, const char *order_id, size_t order_id_len,
+                           const char *body, size_t body_len) {
+    if (list->n == list->cap) {
+        size_t cap = list->cap == 0 ? 16 : list->cap * 2;
+        lapse_event_t *grown = realloc(list->items, cap * sizeof(*grown));
+        if (grown == NULL) {
+            return false;
+        }
+        list->items = grown;
+        list->cap = cap;
+    }
+    char *block = malloc(event_id_len + order_id_len + body_len + 3);
+    if (block == NULL) {
+        return false;
+    }
+    char *id = block;
+    char *order = id + event_id_len + 1;
+    char *text = order + order_id_len + 1;
+    memcpy(id, event_id, event_id_len);
+    id[event_id_len] = '\0';
+    memcpy(order, order_id, order_id_len);
+    order[order_id_len] = '\0';
+    memcpy(text, body, body_len);
+    text[body_len] = '\0';
+    list->items[list->n++] =
+        (lapse_event_t){.seq = seq, .event_id = id, .order_id = order, .body = text};
+    return true;
+}
+
+void lapse__event_list_free(lapse__event_list_t *list) {
+    for (size_t i = 0; i < list->n; i++) {
+        free((char *)list->items[i].event_id);
+    }
+    free(list->items);
+    *list = (lapse__event_list_t){0};
+}
+
+char *lapse__event_body(const char *order_id, int64_t deadline_ms,
+                        int64_t cancelled_at_ms, char *const *holds, size_t n_holds) {
+    char deadline[LAPSE_RFC3339_LEN];
+    char cancelled_at[LAPSE_RFC3339_LEN];
+    lapse_time_format_rfc3339(deadline_ms, deadline);
+    lapse_time_format_rfc3339(cancelled_at_ms, cancelled_at);
+
+    char *text = NULL;
+    json_t *body = json_object();
+    json_t *array = json_array();
+    bool ok = body != NULL && array != NULL;
+    for (size_t i = 0; ok && i < n_holds; i++) {
+        ok = json_array_append_new(array, json_string(holds[i])) == 0;
+    }
+    /* json_object_set_new steals its value even when it fails. */
+    ok = ok &&
+         json_object_set_new(body, "event", json_string(LAPSE_EVENT_CANCELLED)) == 0 &&
+         json_object_set_new(body, "order_id", json_string(order_id)) == 0 &&
+         json_object_set_new(body, "deadline", json_string(deadline)) == 0 &&
+         json_object_set_new(body, "cancelled_at", json_string(cancelled_at)) == 0;
+    if (ok) {
+        ok = json_object_set_new(body, "holds", array) == 0;
+        array = NULL;
+    }
+    /* json_dumpb rather than json_dumps: the buffer comes from our malloc, so free()
+     * is right even when jansson's allocator has been replaced. */
+    size_t len = ok ? json_dumpb(body, NULL, 0, JSON_COMPACT) : 0;
+    if (len > 0 && (text = malloc(len + 1)) != NULL) {
+        if (json_dumpb(body, text, len, JSON_COMPACT) == len) {
+            text[len] = '\0';
+        } else {
+            free(text);
+            text = NULL;
+        }
+    }
+    json_decref(array);
+    json_decref(body);
+    return text;
+}
+
+static int compare_seq(const void *a, const void *b) {
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+lapse_status_t lapse_store_events_pending(lapse_store_t *store, size_t limit,
+                                          const int64_t *only_seqs, size_t n_seqs,
+                                          lapse_event_cb cb, void *opaque,
+                                          lapse_error_t *err) {
+    lapse_error_clear(err);
+    if (store == NULL || cb == NULL || (n_seqs > 0 && only_seqs == NULL)) {
+        return invalid(err, "events_pending: NULL argument");
+    }
+    /* An explicit empty filter matches nothing, as does a zero limit. */
+    if (limit == 0 || (only_seqs != NULL && n_seqs == 0)) {
+        return LAPSE_OK;
+    }
+    int64_t *seqs = NULL;
+    size_t n_unique = 0;
+    if (only_seqs != NULL) {
+        /* Sorted and deduplicated, so a backend can return rows oldest first, once. */
+        if ((seqs = malloc(n_seqs * sizeof(*seqs))) == NULL) {
+            return lapse_error_set(err, LAPSE_ERR_NOMEM, "events_pending");
+        }
+        memcpy(seqs, only_seqs, n_seqs * sizeof(*seqs));
+        qsort(seqs, n_seqs, sizeof(*seqs), compare_seq);
+        for (size_t k = 0; k < n_seqs; k++) {
+            if (n_unique == 0 || seqs[n_unique - 1] != seqs[k]) {
+                seqs[n_unique++] = seqs[k];
+            }
+        }
+    }
+    /* The events are copied out and the backend's read finished before cb runs, so the
+     * callback may take its time publishing, or use this very handle, without holding
+     * a snapshot open. */
+    lapse__event_list_t list = {0};
+    lapse_status_t rc =
+        store->cls->events_pending(store, limit, seqs, n_unique, &list, err);
+    for (size_t i = 0; rc == LAPSE_OK && i < list.n; i++) {
+        if (cb(opaque, &list.items[i]) != 0) {
+            break;
+        }
+    }
+    lapse__event_list_free(&list);
+    free(seqs);
+    return rc;
+}
+
+lapse_status_t lapse_store_events_mark_published(lapse_store_t *store,
+                                                 const int64_t *seqs, size_t n,
+                                                 int64_t now_ms, lapse_error_t *err) {
+    lapse_error_clear(err);
+    if (store == NULL || (n > 0 && seqs == NULL)) {
+        return invalid(err, "events_mark_published: NULL argument");
+    }
+    if (n == 0) {
+        return LAPSE_OK;
+    }
+    return store->cls->events_mark_published(store, seqs, n, now_ms, err);
+}

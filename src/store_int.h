@@ -1,0 +1,90 @@
+/* SPDX-License-Identifier: MIT
+ * Internal view of lapse_store_t: the backend v-table that store.c dispatches through. */
+#ifndef LAPSE_STORE_INT_H
+#define LAPSE_STORE_INT_H
+
+#include <lapse/store.h>
+
+/* Unpublished outbox events copied out of a backend. Each event's strings live in one
+ * block owned by event_id. */
+typedef struct lapse__event_list {
+    lapse_event_t *items;
+    size_t n, cap;
+} lapse__event_list_t;
+
+/** Append a copy of the strings (lengths in bytes, without NUL). false: out of memory. */
+bool lapse__event_list_add(lapse__event_list_t *list, int64_t seq, const char *event_id,
+                           size_t event_id_len, const char *order_id, size_t order_id_len,
+                           const char *body, size_t body_len);
+void lapse__event_list_free(lapse__event_list_t *list);
+
+/** "pending", "paid", "cancelled" -> status; LAPSE_ERR_STORE_SQL for anything else. */
+lapse_status_t lapse__order_status_parse(const char *text, lapse_order_status_t *out);
+
+/**
+ * The order.cancelled event body, compact JSON, the same for every backend.
+ * @return new string (free()), or NULL when out of memory.
+ */
+char *lapse__event_body(const char *order_id, int64_t deadline_ms,
+                        int64_t cancelled_at_ms, char *const *holds, size_t n_holds);
+
+/* The decisions every backend shares, as plain functions over the row it read back after
+ * a compare-and-set that changed nothing, so they are made the same way everywhere. */
+
+/** Re-inserting an order that exists: LAPSE_OK (same deadline, still pending),
+ *  LAPSE_ERR_STORE_CONFLICT (other deadline) or LAPSE_ERR_STORE_STATE. */
+lapse_status_t lapse__insert_verdict(const lapse_order_t *existing, int64_t deadline_ms);
+
+/** Why a payment changed nothing; existing is NULL when there is no such order.
+ *  LAPSE_OK when already paid, else the refusal, explained in err. */
+lapse_status_t lapse__pay_verdict(const char *order_id, const lapse_order_t *existing,
+                                  lapse_error_t *err);
+
+/** Why a cancellation changed nothing, from the order's status. */
+lapse_cancel_outcome_t lapse__cancel_verdict(lapse_order_status_t status);
+
+/*
+ * One function per public store operation, plus close. store.c checks arguments and
+ * clears err before calling, so a backend may assume non-NULL pointers wherever the
+ * public contract requires them and valid order ids in insert_orders.
+ */
+typedef struct lapse__store_class {
+    const char *name; /* "sqlite", used in messages */
+    lapse_status_t (*insert_orders)(lapse_store_t *store, const lapse_new_order_t *orders,
+                                    size_t n, lapse_status_t *results,
+                                    lapse_error_t *err);
+    lapse_status_t (*mark_scheduled)(lapse_store_t *store, const char *const *order_ids,
+                                     size_t n, lapse_error_t *err);
+    lapse_status_t (*pay)(lapse_store_t *store, const char *order_id, int64_t now_ms,
+                          lapse_error_t *err);
+    lapse_status_t (*cancel_batch)(lapse_store_t *store, lapse_cancel_item_t *items,
+                                   size_t n, int64_t now_ms, lapse_error_t *err);
+    lapse_status_t (*get)(lapse_store_t *store, const char *order_id, lapse_order_t *out,
+                          lapse_error_t *err);
+    lapse_status_t (*count)(lapse_store_t *store, int64_t counts[3], lapse_error_t *err);
+    /* Appends up to limit unpublished events to out, oldest first; when seqs is not
+     * NULL (sorted ascending, no duplicates) only those. store.c runs the callback
+     * afterwards, outside any transaction. */
+    lapse_status_t (*events_pending)(lapse_store_t *store, size_t limit,
+                                     const int64_t *seqs, size_t n_seqs,
+                                     lapse__event_list_t *out, lapse_error_t *err);
+    lapse_status_t (*events_mark_published)(lapse_store_t *store, const int64_t *seqs,
+                                            size_t n, int64_t now_ms, lapse_error_t *err);
+    /* Releases everything, including the handle's memory. */
+    void (*close)(lapse_store_t *store);
+} lapse__store_class_t;
+
+/* The common head of every backend's handle; a backend embeds it as its first member
+ * (rabbitmq-c's amqp_socket_t), so a lapse_store_t * converts to the backend's type. */
+struct lapse_store {
+    const lapse__store_class_t *cls;
+};
+
+/**
+ * Open the SQLite backend on path (created if missing).
+ * @return new handle, or NULL with *rc and err set (LAPSE_ERR_STORE_OPEN, _BUSY, _NOMEM).
+ */
+lapse_store_t *lapse__store_sqlite_open(const char *path, lapse_status_t *rc,
+                                        lapse_error_t *err);
+
+#endif

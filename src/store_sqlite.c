@@ -1,0 +1,675 @@
+/* SPDX-License-Identifier: MIT
+ * The SQLite store backend: WAL file, statements prepared once per handle, CAS writes. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include <sqlite3.h>
+
+#include "store_int.h"
+
+#define SCHEMA_VERSION  1 /* PRAGMA user_version; SCHEMA_SQL sets it */
+#define BUSY_TIMEOUT_MS 5000
+#define EVENT_ID_PREFIX LAPSE_EVENT_CANCELLED ":"
+
+/* Applied in one write transaction when user_version is behind. The IF NOT EXISTS
+ * clauses make a race between two processes creating the same file harmless. */
+static const char SCHEMA_SQL[] =
+    "CREATE TABLE IF NOT EXISTS orders ("
+    " order_id TEXT NOT NULL PRIMARY KEY,"
+    " status TEXT NOT NULL CHECK (status IN ('pending', 'paid', 'cancelled')),"
+    " deadline_ms INTEGER NOT NULL,"
+    " created_at_ms INTEGER NOT NULL,"
+    " paid_at_ms INTEGER,"
+    " cancelled_at_ms INTEGER,"
+    " scheduled INTEGER NOT NULL DEFAULT 0 CHECK (scheduled IN (0, 1)));"
+    "CREATE INDEX IF NOT EXISTS orders_status_deadline ON orders (status, deadline_ms);"
+    "CREATE TABLE IF NOT EXISTS holds ("
+    " order_id TEXT NOT NULL REFERENCES orders (order_id),"
+    " resource TEXT NOT NULL,"
+    " released_at_ms INTEGER,"
+    " PRIMARY KEY (order_id, resource));"
+    "CREATE TABLE IF NOT EXISTS events ("
+    " seq INTEGER PRIMARY KEY AUTOINCREMENT,"
+    " event_id TEXT NOT NULL UNIQUE,"
+    " order_id TEXT NOT NULL,"
+    " body TEXT NOT NULL,"
+    " created_at_ms INTEGER NOT NULL,"
+    " published_at_ms INTEGER);"
+    "CREATE INDEX IF NOT EXISTS events_unpublished ON events (seq)"
+    " WHERE published_at_ms IS NULL;"
+    "PRAGMA user_version = 1;";
+
+/* Every statement the backend runs; prepared at open, reset after each use. Write
+ * transactions start with BEGIN IMMEDIATE so the write lock is taken (and waited for)
+ * up front: a deferred transaction that upgrades later fails with SQLITE_BUSY_SNAPSHOT
+ * without consulting the busy handler. */
+#define STATEMENTS(X)                                                                    \
+    X(BEGIN_READ, "BEGIN DEFERRED")                                                      \
+    X(BEGIN_WRITE, "BEGIN IMMEDIATE")                                                    \
+    X(COMMIT, "COMMIT")                                                                  \
+    X(ROLLBACK, "ROLLBACK")                                                              \
+    X(ORDER_INSERT, "INSERT INTO orders (order_id, status, deadline_ms, created_at_ms)"  \
+                    " VALUES (?1, 'pending', ?2, ?3) ON CONFLICT (order_id) DO NOTHING") \
+    X(HOLD_INSERT, "INSERT INTO holds (order_id, resource) VALUES (?1, ?2)"              \
+                   " ON CONFLICT DO NOTHING")                                            \
+    X(ORDER_READ, "SELECT status, deadline_ms, created_at_ms, paid_at_ms,"               \
+                  " cancelled_at_ms, scheduled FROM orders WHERE order_id = ?1")         \
+    X(HOLDS_READ, "SELECT resource FROM holds WHERE order_id = ?1 ORDER BY resource")    \
+    X(ORDER_SCHEDULE, "UPDATE orders SET scheduled = 1 WHERE order_id = ?1")             \
+    X(ORDER_PAY, "UPDATE orders SET status = 'paid', paid_at_ms = ?1"                    \
+                 " WHERE order_id = ?2 AND status = 'pending' AND deadline_ms > ?1")     \
+    X(ORDER_CANCEL, "UPDATE orders SET status = 'cancelled', cancelled_at_ms = ?1"       \
+                    " WHERE order_id = ?2 AND status = 'pending' AND deadline_ms <= ?1") \
+    X(HOLDS_RELEASE, "UPDATE holds SET released_at_ms = ?1"                              \
+                     " WHERE order_id = ?2 AND released_at_ms IS NULL")                  \
+    X(EVENT_INSERT, "INSERT INTO events (event_id, order_id, body, created_at_ms)"       \
+                    " VALUES (?1, ?2, ?3, ?4)")                                          \
+    X(ORDER_COUNT, "SELECT status, count(*) FROM orders GROUP BY status")                \
+    X(EVENTS_PENDING, "SELECT seq, event_id, order_id, body FROM events"                 \
+                      " WHERE published_at_ms IS NULL ORDER BY seq LIMIT ?1")            \
+    X(EVENT_BY_SEQ, "SELECT seq, event_id, order_id, body FROM events"                   \
+                    " WHERE seq = ?1 AND published_at_ms IS NULL")                       \
+    X(EVENT_PUBLISHED, "UPDATE events SET published_at_ms = ?1"                          \
+                       " WHERE seq = ?2 AND published_at_ms IS NULL")
+
+typedef enum stmt_id {
+#define STMT_ENUM_(name, sql) ST_##name,
+    STATEMENTS(STMT_ENUM_)
+#undef STMT_ENUM_
+        ST_COUNT_
+} stmt_id_t;
+
+static const char *const STMT_SQL[ST_COUNT_] = {
+#define STMT_SQL_(name, sql) sql,
+    STATEMENTS(STMT_SQL_)
+#undef STMT_SQL_
+};
+
+static const char *const STMT_NAME[ST_COUNT_] = {
+#define STMT_NAME_(name, sql) #name,
+    STATEMENTS(STMT_NAME_)
+#undef STMT_NAME_
+};
+
+typedef struct sqlite_store {
+    lapse_store_t base; /* first: a lapse_store_t * is a sqlite_store_t * */
+    sqlite3 *db;
+    sqlite3_stmt *stmt[ST_COUNT_];
+} sqlite_store_t;
+
+static sqlite_store_t *as_sqlite(lapse_store_t *store) {
+    return (sqlite_store_t *)store;
+}
+
+static lapse_status_t status_of(int src) {
+    switch (src & 0xff) {
+        case SQLITE_BUSY:
+        case SQLITE_LOCKED:
+            return LAPSE_ERR_STORE_BUSY;
+        case SQLITE_NOMEM:
+            return LAPSE_ERR_NOMEM;
+        default:
+            return LAPSE_ERR_STORE_SQL;
+    }
+}
+
+/* Records why src failed, under code. Must run before the statement is reset or a
+ * ROLLBACK runs, both of which replace sqlite3_errmsg(). */
+static lapse_status_t fail_as(sqlite_store_t *s, lapse_status_t code, int src,
+                              const char *what, lapse_error_t *err) {
+    const char *msg = s->db != NULL ? sqlite3_errmsg(s->db) : sqlite3_errstr(src);
+    return lapse_error_set(err, code, "%s: %s", what, msg);
+}
+
+static lapse_status_t fail(sqlite_store_t *s, int src, const char *what,
+                           lapse_error_t *err) {
+    return fail_as(s, status_of(src), src, what, err);
+}
+
+/* Binds ?1, ?2, ... in order: 't' takes a const char * (SQLITE_STATIC: the caller keeps
+ * it alive until the statement is released), 'i' takes an int64_t, exactly. */
+static int bind_va(sqlite3_stmt *st, const char *types, va_list ap) {
+    int src = SQLITE_OK;
+    for (int i = 0; src == SQLITE_OK && types[i] != '\0'; i++) {
+        if (types[i] == 't') {
+            src =
+                sqlite3_bind_text(st, i + 1, va_arg(ap, const char *), -1, SQLITE_STATIC);
+        } else {
+            src = sqlite3_bind_int64(st, i + 1, va_arg(ap, int64_t));
+        }
+    }
+    return src;
+}
+
+static int bind(sqlite3_stmt *st, const char *types, ...) {
+    va_list ap;
+    va_start(ap, types);
+    int src = bind_va(st, types, ap);
+    va_end(ap);
+    return src;
+}
+
+/* Every use of a statement ends here, so none stays active (holding a read snapshot)
+ * and no binding outlives the strings it points to. */
+static void release(sqlite3_stmt *st) {
+    sqlite3_reset(st);
+    sqlite3_clear_bindings(st);
+}
+
+/* Runs a statement that returns no rows; *changes (optional) gets the rows changed. */
+static lapse_status_t run(sqlite_store_t *s, stmt_id_t id, int *changes,
+                          lapse_error_t *err, const char *types, ...) {
+    sqlite3_stmt *st = s->stmt[id];
+    va_list ap;
+    va_start(ap, types);
+    int src = bind_va(st, types, ap);
+    va_end(ap);
+    if (src == SQLITE_OK) {
+        src = sqlite3_step(st);
+    }
+    lapse_status_t rc = LAPSE_OK;
+    if (src != SQLITE_DONE) {
+        rc = fail(s, src == SQLITE_ROW ? SQLITE_MISUSE : src, STMT_NAME[id], err);
+    } else if (changes != NULL) {
+        *changes = sqlite3_changes(s->db);
+    }
+    release(st);
+    return rc;
+}
+
+static void rollback(sqlite_store_t *s) {
+    /* Some errors (SQLITE_FULL, SQLITE_IOERR, ...) have rolled back by themselves. */
+    if (!sqlite3_get_autocommit(s->db)) {
+        run(s, ST_ROLLBACK, NULL, NULL, "");
+    }
+}
+
+/* Ends a transaction: commits when rc is LAPSE_OK, else (or when the commit fails)
+ * rolls back. Returns the outcome. */
+static lapse_status_t end(sqlite_store_t *s, lapse_status_t rc, lapse_error_t *err) {
+    if (rc == LAPSE_OK && (rc = run(s, ST_COMMIT, NULL, err, "")) == LAPSE_OK) {
+        return LAPSE_OK;
+    }
+    rollback(s);
+    return rc;
+}
+
+static int64_t column_time(sqlite3_stmt *st, int col) {
+    return sqlite3_column_type(st, col) == SQLITE_NULL ? -1
+                                                       : sqlite3_column_int64(st, col);
+}
+
+/* Reads the order row (not its holds) into out; *found tells whether it exists. */
+static lapse_status_t read_order(sqlite_store_t *s, const char *order_id,
+                                 lapse_order_t *out, bool *found, lapse_error_t *err) {
+    sqlite3_stmt *st = s->stmt[ST_ORDER_READ];
+    int src = bind(st, "t", order_id);
+    if (src == SQLITE_OK) {
+        src = sqlite3_step(st);
+    }
+    lapse_status_t rc = LAPSE_OK;
+    *found = src == SQLITE_ROW;
+    if (src == SQLITE_ROW) {
+        const char *status = (const char *)sqlite3_column_text(st, 0);
+        if (lapse__order_status_parse(status, &out->status) != LAPSE_OK) {
+            rc = lapse_error_set(err, LAPSE_ERR_STORE_SQL, "order %s: unknown status",
+                                 order_id);
+        }
+        out->deadline_ms = sqlite3_column_int64(st, 1);
+        out->created_at_ms = sqlite3_column_int64(st, 2);
+        out->paid_at_ms = column_time(st, 3);
+        out->cancelled_at_ms = column_time(st, 4);
+        out->scheduled = sqlite3_column_int(st, 5) != 0;
+    } else if (src != SQLITE_DONE) {
+        rc = fail(s, src, STMT_NAME[ST_ORDER_READ], err);
+    }
+    release(st);
+    return rc;
+}
+
+/* Reads the order's hold names, sorted, into out->holds (owned by out, also on failure:
+ * lapse_order_clear frees what was read). */
+static lapse_status_t read_holds(sqlite_store_t *s, const char *order_id,
+                                 lapse_order_t *out, lapse_error_t *err) {
+    sqlite3_stmt *st = s->stmt[ST_HOLDS_READ];
+    size_t cap = 0;
+    lapse_status_t rc = LAPSE_OK;
+    int src = bind(st, "t", order_id);
+    while (src == SQLITE_OK && (src = sqlite3_step(st)) == SQLITE_ROW) {
+        src = SQLITE_OK;
+        if (out->n_holds == cap) {
+            cap = cap == 0 ? 4 : cap * 2;
+            char **grown = realloc(out->holds, cap * sizeof(*grown));
+            if (grown == NULL) {
+                rc = lapse_error_set(err, LAPSE_ERR_NOMEM, "reading holds");
+                break;
+            }
+            out->holds = grown;
+        }
+        const char *name = (const char *)sqlite3_column_text(st, 0);
+        if (name == NULL || (out->holds[out->n_holds] = strdup(name)) == NULL) {
+            rc = lapse_error_set(err, LAPSE_ERR_NOMEM, "reading holds");
+            break;
+        }
+        out->n_holds++;
+    }
+    if (rc == LAPSE_OK && src != SQLITE_DONE) {
+        rc = fail(s, src, STMT_NAME[ST_HOLDS_READ], err);
+    }
+    release(st);
+    return rc;
+}
+
+static lapse_status_t sq_insert_orders(lapse_store_t *store,
+                                       const lapse_new_order_t *orders, size_t n,
+                                       lapse_status_t *results, lapse_error_t *err) {
+    sqlite_store_t *s = as_sqlite(store);
+    lapse_status_t rc = run(s, ST_BEGIN_WRITE, NULL, err, "");
+    if (rc != LAPSE_OK) {
+        return rc;
+    }
+    for (size_t i = 0; rc == LAPSE_OK && i < n; i++) {
+        const lapse_new_order_t *order = &orders[i];
+        int changes = 0;
+        rc = run(s, ST_ORDER_INSERT, &changes, err, "tii", order->order_id,
+                 order->deadline_ms, order->created_at_ms);
+        if (rc != LAPSE_OK) {
+            break;
+        }
+        if (changes == 0) {
+            lapse_order_t existing;
+            bool found = false;
+            lapse_order_init(&existing);
+            rc = read_order(s, order->order_id, &existing, &found, err);
+            if (rc == LAPSE_OK && !found) {
+                rc = lapse_error_set(err, LAPSE_ERR_STORE_SQL,
+                                     "order %s: insert ignored but no row",
+                                     order->order_id);
+            }
+            results[i] = lapse__insert_verdict(&existing, order->deadline_ms);
+            continue;
+        }
+        /* Holds go in with a new order only: a re-publish never changes them. */
+        for (size_t h = 0; rc == LAPSE_OK && h < order->n_holds; h++) {
+            rc =
+                run(s, ST_HOLD_INSERT, NULL, err, "tt", order->order_id, order->holds[h]);
+        }
+        results[i] = LAPSE_OK;
+    }
+    return end(s, rc, err);
+}
+
+static lapse_status_t sq_mark_scheduled(lapse_store_t *store,
+                                        const char *const *order_ids, size_t n,
+                                        lapse_error_t *err) {
+    sqlite_store_t *s = as_sqlite(store);
+    lapse_status_t rc = run(s, ST_BEGIN_WRITE, NULL, err, "");
+    if (rc != LAPSE_OK) {
+        return rc;
+    }
+    for (size_t i = 0; rc == LAPSE_OK && i < n; i++) {
+        rc = run(s, ST_ORDER_SCHEDULE, NULL, err, "t", order_ids[i]);
+    }
+    return end(s, rc, err);
+}
+
+static lapse_status_t sq_pay(lapse_store_t *store, const char *order_id, int64_t now_ms,
+                             lapse_error_t *err) {
+    sqlite_store_t *s = as_sqlite(store);
+    lapse_status_t rc = run(s, ST_BEGIN_WRITE, NULL, err, "");
+    if (rc != LAPSE_OK) {
+        return rc;
+    }
+    /* The compare-and-set alone decides a race with a cancellation. Reading the row
+     * afterwards only explains a refusal, under the same write lock, so it agrees. */
+    int changes = 0;
+    lapse_order_t order;
+    bool found = false;
+    lapse_order_init(&order);
+    rc = run(s, ST_ORDER_PAY, &changes, err, "it", now_ms, order_id);
+    if (rc == LAPSE_OK && changes == 0) {
+        rc = read_order(s, order_id, &order, &found, err);
+    }
+    lapse_status_t verdict = LAPSE_OK;
+    if (rc == LAPSE_OK && changes == 0) {
+        verdict = lapse__pay_verdict(order_id, found ? &order : NULL, err);
+    }
+    rc = end(s, rc, err);
+    return rc == LAPSE_OK ? verdict : rc;
+}
+
+/* After the CAS won: release the order's holds and record its outbox event. */
+static lapse_status_t record_cancellation(sqlite_store_t *s, lapse_cancel_item_t *item,
+                                          int64_t now_ms, lapse_error_t *err) {
+    lapse_order_t order; /* only its holds are used */
+    char *body = NULL;
+    char event_id[sizeof(EVENT_ID_PREFIX) + LAPSE_ORDER_ID_MAX];
+    lapse_order_init(&order);
+    lapse_status_t rc = run(s, ST_HOLDS_RELEASE, NULL, err, "it", now_ms, item->order_id);
+    if (rc == LAPSE_OK) {
+        rc = read_holds(s, item->order_id, &order, err);
+    }
+    int len =
+        snprintf(event_id, sizeof(event_id), "%s%s", EVENT_ID_PREFIX, item->order_id);
+    if (rc == LAPSE_OK && (len < 0 || (size_t)len >= sizeof(event_id))) {
+        rc = lapse_error_set(err, LAPSE_ERR_INVALID, "order id too long");
+    }
+    if (rc == LAPSE_OK) {
+        body = lapse__event_body(item->order_id, item->deadline_ms, now_ms, order.holds,
+                                 order.n_holds);
+        if (body == NULL) {
+            rc = lapse_error_set(err, LAPSE_ERR_NOMEM, "order %s: cannot build event",
+                                 item->order_id);
+        }
+    }
+    /* event_id is UNIQUE: were a second cancellation of the order ever to get past the
+     * CAS, this insert would fail and roll the batch back rather than emit it twice. */
+    if (rc == LAPSE_OK) {
+        rc = run(s, ST_EVENT_INSERT, NULL, err, "ttti", event_id, item->order_id, body,
+                 now_ms);
+    }
+    if (rc == LAPSE_OK) {
+        item->event_seq = sqlite3_last_insert_rowid(s->db);
+    }
+    free(body);
+    lapse_order_clear(&order);
+    return rc;
+}
+
+static lapse_status_t cancel_one(sqlite_store_t *s, lapse_cancel_item_t *item,
+                                 int64_t now_ms, lapse_error_t *err) {
+    int changes = 0;
+    lapse_order_t order;
+    bool found = false;
+    lapse_order_init(&order);
+    item->outcome = LAPSE_CANCEL_UNKNOWN;
+    item->deadline_ms = 0;
+    item->event_seq = 0;
+    lapse_status_t rc =
+        run(s, ST_ORDER_CANCEL, &changes, err, "it", now_ms, item->order_id);
+    if (rc == LAPSE_OK) {
+        rc = read_order(s, item->order_id, &order, &found, err);
+    }
+    if (rc != LAPSE_OK || !found) {
+        return rc;
+    }
+    item->deadline_ms = order.deadline_ms;
+    if (changes == 1) {
+        item->outcome = LAPSE_CANCEL_DONE;
+        return record_cancellation(s, item, now_ms, err);
+    }
+    item->outcome = lapse__cancel_verdict(order.status);
+    return LAPSE_OK;
+}
+
+static lapse_status_t sq_cancel_batch(lapse_store_t *store, lapse_cancel_item_t *items,
+                                      size_t n, int64_t now_ms, lapse_error_t *err) {
+    sqlite_store_t *s = as_sqlite(store);
+    lapse_status_t rc = run(s, ST_BEGIN_WRITE, NULL, err, "");
+    if (rc != LAPSE_OK) {
+        return rc;
+    }
+    for (size_t i = 0; rc == LAPSE_OK && i < n; i++) {
+        rc = cancel_one(s, &items[i], now_ms, err);
+    }
+    if ((rc = end(s, rc, err)) != LAPSE_OK) {
+        /* Nothing was written, so no outcome may claim otherwise. */
+        for (size_t i = 0; i < n; i++) {
+            items[i].outcome = LAPSE_CANCEL_UNKNOWN;
+            items[i].deadline_ms = 0;
+            items[i].event_seq = 0;
+        }
+    }
+    return rc;
+}
+
+static lapse_status_t sq_get(lapse_store_t *store, const char *order_id,
+                             lapse_order_t *out, lapse_error_t *err) {
+    sqlite_store_t *s = as_sqlite(store);
+    size_t id_len = strlen(order_id);
+    if (id_len > LAPSE_ORDER_ID_MAX) {
+        return lapse_error_set(err, LAPSE_ERR_STORE_NOT_FOUND, "order id too long");
+    }
+    lapse_order_t order;
+    lapse_order_init(&order);
+    memcpy(order.order_id, order_id, id_len + 1);
+
+    /* One read transaction, so the row and its holds come from the same snapshot. */
+    bool found = false;
+    lapse_status_t rc = run(s, ST_BEGIN_READ, NULL, err, "");
+    if (rc == LAPSE_OK) {
+        rc = read_order(s, order_id, &order, &found, err);
+    }
+    if (rc == LAPSE_OK && !found) {
+        rc = lapse_error_set(err, LAPSE_ERR_STORE_NOT_FOUND, "order %s not found",
+                             order_id);
+    }
+    if (rc == LAPSE_OK) {
+        rc = read_holds(s, order_id, &order, err);
+    }
+    if ((rc = end(s, rc, err)) != LAPSE_OK) {
+        lapse_order_clear(&order);
+        return rc;
+    }
+    lapse_order_clear(out);
+    *out = order;
+    return LAPSE_OK;
+}
+
+static lapse_status_t sq_count(lapse_store_t *store, int64_t counts[3],
+                               lapse_error_t *err) {
+    sqlite_store_t *s = as_sqlite(store);
+    sqlite3_stmt *st = s->stmt[ST_ORDER_COUNT];
+    lapse_status_t rc = LAPSE_OK;
+    int src;
+    counts[0] = counts[1] = counts[2] = 0;
+    while ((src = sqlite3_step(st)) == SQLITE_ROW) {
+        lapse_order_status_t status;
+        const char *name = (const char *)sqlite3_column_text(st, 0);
+        if (lapse__order_status_parse(name, &status) == LAPSE_OK) {
+            counts[status] = sqlite3_column_int64(st, 1);
+        }
+    }
+    if (src != SQLITE_DONE) {
+        rc = fail(s, src, STMT_NAME[ST_ORDER_COUNT], err);
+    }
+    release(st);
+    return rc;
+}
+
+/* Appends the rows of statement id, bound to param, until out holds limit events. */
+static lapse_status_t collect_events(sqlite_store_t *s, stmt_id_t id, int64_t param,
+                                     size_t limit, lapse__event_list_t *out,
+                                     lapse_error_t *err) {
+    sqlite3_stmt *st = s->stmt[id];
+    lapse_status_t rc = LAPSE_OK;
+    int src = bind(st, "i", param);
+    while (src == SQLITE_OK && out->n < limit && (src = sqlite3_step(st)) == SQLITE_ROW) {
+        src = SQLITE_OK;
+        const char *text[3];
+        size_t len[3];
+        for (int c = 0; c < 3; c++) {
+            text[c] = (const char *)sqlite3_column_text(st, c + 1);
+            len[c] = (size_t)sqlite3_column_bytes(st, c + 1);
+        }
+        if (text[0] == NULL || text[1] == NULL || text[2] == NULL ||
+            !lapse__event_list_add(out, sqlite3_column_int64(st, 0), text[0], len[0],
+                                   text[1], len[1], text[2], len[2])) {
+            rc = lapse_error_set(err, LAPSE_ERR_NOMEM, "reading events");
+            break;
+        }
+    }
+    if (rc == LAPSE_OK && src != SQLITE_OK && src != SQLITE_DONE) {
+        rc = fail(s, src, STMT_NAME[id], err);
+    }
+    release(st);
+    return rc;
+}
+
+static lapse_status_t sq_events_pending(lapse_store_t *store, size_t limit,
+                                        const int64_t *seqs, size_t n_seqs,
+                                        lapse__event_list_t *out, lapse_error_t *err) {
+    sqlite_store_t *s = as_sqlite(store);
+    if (seqs == NULL) {
+        int64_t bound = limit > (size_t)INT64_MAX ? INT64_MAX : (int64_t)limit;
+        return collect_events(s, ST_EVENTS_PENDING, bound, limit, out, err);
+    }
+    /* One lookup per seq, in one read transaction; seqs come sorted, so the events do. */
+    lapse_status_t rc = run(s, ST_BEGIN_READ, NULL, err, "");
+    for (size_t k = 0; rc == LAPSE_OK && k < n_seqs && out->n < limit; k++) {
+        rc = collect_events(s, ST_EVENT_BY_SEQ, seqs[k], limit, out, err);
+    }
+    return end(s, rc, err);
+}
+
+static lapse_status_t sq_events_mark_published(lapse_store_t *store, const int64_t *seqs,
+                                               size_t n, int64_t now_ms,
+                                               lapse_error_t *err) {
+    sqlite_store_t *s = as_sqlite(store);
+    lapse_status_t rc = run(s, ST_BEGIN_WRITE, NULL, err, "");
+    if (rc != LAPSE_OK) {
+        return rc;
+    }
+    for (size_t i = 0; rc == LAPSE_OK && i < n; i++) {
+        rc = run(s, ST_EVENT_PUBLISHED, NULL, err, "ii", now_ms, seqs[i]);
+    }
+    return end(s, rc, err);
+}
+
+static void sq_close(lapse_store_t *store) {
+    sqlite_store_t *s = as_sqlite(store);
+    for (int i = 0; i < ST_COUNT_; i++) {
+        sqlite3_finalize(s->stmt[i]);
+    }
+    sqlite3_close(s->db);
+    free(s);
+}
+
+static const lapse__store_class_t sqlite_class = {
+    .name = "sqlite",
+    .insert_orders = sq_insert_orders,
+    .mark_scheduled = sq_mark_scheduled,
+    .pay = sq_pay,
+    .cancel_batch = sq_cancel_batch,
+    .get = sq_get,
+    .count = sq_count,
+    .events_pending = sq_events_pending,
+    .events_mark_published = sq_events_mark_published,
+    .close = sq_close,
+};
+
+/* Failures while opening are LAPSE_ERR_STORE_OPEN, except a busy or locked file, which
+ * stays retriable. */
+static lapse_status_t open_fail(sqlite_store_t *s, int src, const char *what,
+                                lapse_error_t *err) {
+    lapse_status_t code = status_of(src);
+    if (code == LAPSE_ERR_STORE_SQL) {
+        code = LAPSE_ERR_STORE_OPEN;
+    }
+    return fail_as(s, code, src, what, err);
+}
+
+static lapse_status_t set_wal(sqlite_store_t *s, lapse_error_t *err) {
+    sqlite3_stmt *st = NULL;
+    int src = sqlite3_prepare_v2(s->db, "PRAGMA journal_mode = WAL", -1, &st, NULL);
+    if (src == SQLITE_OK && (src = sqlite3_step(st)) == SQLITE_ROW) {
+        const char *mode = (const char *)sqlite3_column_text(st, 0);
+        /* An in-memory database reports "memory" and has nobody to share with. */
+        const char *file = sqlite3_db_filename(s->db, "main");
+        bool ok = (mode != NULL && strcasecmp(mode, "wal") == 0) || file == NULL ||
+                  file[0] == '\0';
+        sqlite3_finalize(st);
+        return ok ? LAPSE_OK
+                  : lapse_error_set(err, LAPSE_ERR_STORE_OPEN,
+                                    "journal_mode WAL refused (got %s)",
+                                    mode != NULL ? mode : "nothing");
+    }
+    lapse_status_t rc = open_fail(s, src, "journal_mode", err);
+    sqlite3_finalize(st);
+    return rc;
+}
+
+static lapse_status_t apply_schema(sqlite_store_t *s, lapse_error_t *err) {
+    int src = sqlite3_exec(s->db, "BEGIN IMMEDIATE", NULL, NULL, NULL);
+    if (src != SQLITE_OK) {
+        return open_fail(s, src, "schema", err);
+    }
+    sqlite3_stmt *st = NULL;
+    int version = -1;
+    src = sqlite3_prepare_v2(s->db, "PRAGMA user_version", -1, &st, NULL);
+    if (src == SQLITE_OK && (src = sqlite3_step(st)) == SQLITE_ROW) {
+        version = sqlite3_column_int(st, 0);
+        src = SQLITE_OK;
+    }
+    sqlite3_finalize(st);
+    lapse_status_t rc = LAPSE_OK;
+    if (src != SQLITE_OK) {
+        rc = open_fail(s, src, "user_version", err);
+    } else if (version > SCHEMA_VERSION) {
+        rc = lapse_error_set(err, LAPSE_ERR_STORE_OPEN,
+                             "store schema version %d is newer than this lapse (%d)",
+                             version, SCHEMA_VERSION);
+    } else if (version < SCHEMA_VERSION &&
+               (src = sqlite3_exec(s->db, SCHEMA_SQL, NULL, NULL, NULL)) != SQLITE_OK) {
+        rc = open_fail(s, src, "schema", err);
+    } else if ((src = sqlite3_exec(s->db, "COMMIT", NULL, NULL, NULL)) != SQLITE_OK) {
+        rc = open_fail(s, src, "schema commit", err);
+    }
+    if (rc != LAPSE_OK && !sqlite3_get_autocommit(s->db)) {
+        sqlite3_exec(s->db, "ROLLBACK", NULL, NULL, NULL);
+    }
+    return rc;
+}
+
+lapse_store_t *lapse__store_sqlite_open(const char *path, lapse_status_t *rc,
+                                        lapse_error_t *err) {
+    sqlite_store_t *s = calloc(1, sizeof(*s));
+    if (s == NULL) {
+        *rc = lapse_error_set(err, LAPSE_ERR_NOMEM, "opening the store");
+        return NULL;
+    }
+    s->base.cls = &sqlite_class;
+    /* NOMUTEX: a handle belongs to one thread at a time (see store.h). */
+    int flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX;
+    int src = sqlite3_open_v2(path, &s->db, flags, NULL);
+    if (src != SQLITE_OK) {
+        *rc =
+            lapse_error_set(err, LAPSE_ERR_STORE_OPEN, "sqlite:%s: %s", path,
+                            s->db != NULL ? sqlite3_errmsg(s->db) : sqlite3_errstr(src));
+        goto fail;
+    }
+    sqlite3_extended_result_codes(s->db, 1);
+    sqlite3_busy_timeout(s->db, BUSY_TIMEOUT_MS);
+    /* FULL: a commit survives power loss too. With NORMAL, WAL mode may roll back the
+     * last commits after an OS crash, and a payment the caller was told succeeded could
+     * come back pending and then be cancelled (law 2). Batched writers pay one fsync per
+     * batch, not per order. */
+    if ((*rc = set_wal(s, err)) != LAPSE_OK) {
+        goto fail;
+    }
+    src = sqlite3_exec(s->db, "PRAGMA synchronous = FULL; PRAGMA foreign_keys = ON",
+                       NULL, NULL, NULL);
+    if (src != SQLITE_OK) {
+        *rc = open_fail(s, src, "pragmas", err);
+        goto fail;
+    }
+    if ((*rc = apply_schema(s, err)) != LAPSE_OK) {
+        goto fail;
+    }
+    for (int i = 0; i < ST_COUNT_; i++) {
+        src = sqlite3_prepare_v3(s->db, STMT_SQL[i], -1, SQLITE_PREPARE_PERSISTENT,
+                                 &s->stmt[i], NULL);
+        if (src != SQLITE_OK) {
+            *rc = open_fail(s, src, STMT_NAME[i], err);
+            goto fail;
+        }
+    }
+    *rc = LAPSE_OK;
+    return &s->base;
+fail:
+    sq_close(&s->base);
+    return NULL;
+}

@@ -1,0 +1,445 @@
+/* SPDX-License-Identifier: MIT
+ * Integration-test harness: processes, the SQLite store and the broker, for real. */
+#include "harness.h"
+
+#include <amqp_tcp_socket.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+extern char **environ;
+
+static void die(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "harness: ");
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n");
+    va_end(ap);
+    exit(1);
+}
+
+static int64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+int h_ms(int ms)
+{
+    const char *m = getenv("LAPSE_TEST_TIMEOUT_MULTIPLIER");
+    int mult = m ? atoi(m) : 1;
+    return ms * (mult > 0 ? mult : 1);
+}
+
+void h_setup(h_ctx_t *h, const char *name, const char *classes, bool declare)
+{
+    memset(h, 0, sizeof *h);
+    const char *url = getenv("LAPSE_TEST_AMQP_URL");
+    h->bin = getenv("LAPSE_BIN");
+    if (!url || !h->bin) {
+        die("LAPSE_TEST_AMQP_URL and LAPSE_BIN must be set (run through ctest)");
+    }
+    snprintf(h->name, sizeof h->name, "%s", name);
+    snprintf(h->amqp, sizeof h->amqp, "%s", url);
+    snprintf(h->classes, sizeof h->classes, "%s", classes);
+    snprintf(h->prefix, sizeof h->prefix, "t-%s-%d", name, (int)getpid());
+    snprintf(h->dir, sizeof h->dir, "/tmp/lapse-it-%s-XXXXXX", name);
+    if (!mkdtemp(h->dir)) {
+        die("mkdtemp: %s", strerror(errno));
+    }
+    snprintf(h->db_path, sizeof h->db_path, "%s/lapse.db", h->dir);
+    snprintf(h->store, sizeof h->store, "sqlite:%s", h->db_path);
+    fprintf(stderr, "harness: test %s in %s, prefix %s\n", name, h->dir, h->prefix);
+    if (declare) {
+        int code = h_lapse(h, NULL, 0, "topology", "declare", NULL);
+        if (code != 0) {
+            die("topology declare exited %d (see %s/cli.log)", code, h->dir);
+        }
+    }
+}
+
+void h_teardown(h_ctx_t *h)
+{
+    if (h->db) {
+        sqlite3_close(h->db);
+        h->db = NULL;
+    }
+    if (getenv("LAPSE_TEST_KEEP")) {
+        return;
+    }
+    char cmd[PATH_MAX + 32];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", h->dir);
+    if (system(cmd) != 0) {
+        fprintf(stderr, "harness: could not remove %s\n", h->dir);
+    }
+}
+
+const char *h_path(h_ctx_t *h, const char *file)
+{
+    static char path[PATH_MAX + 64];
+    snprintf(path, sizeof path, "%s/%s", h->dir, file);
+    return path;
+}
+
+/* argv: lapse --amqp URL --store URI --prefix P --classes C <args...> */
+static char **build_argv(h_ctx_t *h, const char *const *args, size_t n_args)
+{
+    char **argv = calloc(n_args + 10, sizeof *argv);
+    size_t i = 0;
+    argv[i++] = (char *)h->bin;
+    argv[i++] = (char *)"--amqp";
+    argv[i++] = h->amqp;
+    argv[i++] = (char *)"--store";
+    argv[i++] = h->store;
+    argv[i++] = (char *)"--prefix";
+    argv[i++] = h->prefix;
+    argv[i++] = (char *)"--classes";
+    argv[i++] = h->classes;
+    for (size_t k = 0; k < n_args; k++) {
+        argv[i++] = (char *)args[k];
+    }
+    argv[i] = NULL;
+    return argv;
+}
+
+static pid_t spawn(h_ctx_t *h, const char *const *args, size_t n_args, int out_fd,
+                   const char *err_file)
+{
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+    if (out_fd >= 0) {
+        posix_spawn_file_actions_adddup2(&fa, out_fd, 1);
+    } else {
+        posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+    }
+    char err_path[PATH_MAX + 64];
+    snprintf(err_path, sizeof err_path, "%s/%s", h->dir, err_file);
+    posix_spawn_file_actions_addopen(&fa, 2, err_path, O_WRONLY | O_CREAT | O_APPEND, 0644);
+    char **argv = build_argv(h, args, n_args);
+    pid_t pid;
+    int rc = posix_spawn(&pid, h->bin, &fa, NULL, argv, environ);
+    posix_spawn_file_actions_destroy(&fa);
+    free(argv);
+    if (rc != 0) {
+        die("spawn %s: %s", h->bin, strerror(rc));
+    }
+    return pid;
+}
+
+int h_lapse(h_ctx_t *h, char *out, size_t cap, ...)
+{
+    const char *args[64];
+    size_t n = 0;
+    va_list ap;
+    va_start(ap, cap);
+    for (const char *a; (a = va_arg(ap, const char *)) != NULL && n < 63;) {
+        args[n++] = a;
+    }
+    va_end(ap);
+    char tmpl[PATH_MAX + 32];
+    snprintf(tmpl, sizeof tmpl, "%s/out.XXXXXX", h->dir);
+    int fd = mkstemp(tmpl);
+    if (fd < 0) {
+        die("mkstemp: %s", strerror(errno));
+    }
+    pid_t pid = spawn(h, args, n, fd, "cli.log");
+    int code = h_stop(pid, 0, h_ms(120000));
+    if (out && cap > 0) {
+        lseek(fd, 0, SEEK_SET);
+        ssize_t got = read(fd, out, cap - 1);
+        out[got > 0 ? got : 0] = '\0';
+    }
+    close(fd);
+    unlink(tmpl);
+    return code;
+}
+
+pid_t h_spawn_consumer(h_ctx_t *h, const char *log, const char *const *extra)
+{
+    const char *args[16] = {"consume"};
+    size_t n = 1;
+    for (size_t i = 0; extra && extra[i] && n < 15; i++) {
+        args[n++] = extra[i];
+    }
+    return spawn(h, args, n, -1, log);
+}
+
+bool h_alive(pid_t pid)
+{
+    int status;
+    return waitpid(pid, &status, WNOHANG) == 0;
+}
+
+int h_stop(pid_t pid, int sig, int timeout_ms)
+{
+    if (sig) {
+        kill(pid, sig);
+    }
+    int64_t until = now_ms() + timeout_ms;
+    int status;
+    for (;;) {
+        pid_t r = waitpid(pid, &status, WNOHANG);
+        if (r == pid) {
+            break;
+        }
+        if (now_ms() > until) {
+            kill(pid, SIGKILL);
+            waitpid(pid, &status, 0);
+            return -1;
+        }
+        usleep(10000);
+    }
+    if (WIFEXITED(status)) {
+        return WEXITSTATUS(status);
+    }
+    return 128 + WTERMSIG(status);
+}
+
+static sqlite3 *db_of(h_ctx_t *h)
+{
+    if (!h->db) {
+        if (sqlite3_open_v2(h->db_path, &h->db, SQLITE_OPEN_READONLY, NULL) != SQLITE_OK) {
+            die("open %s: %s", h->db_path, sqlite3_errmsg(h->db));
+        }
+        sqlite3_busy_timeout(h->db, 5000);
+    }
+    return h->db;
+}
+
+static int64_t sql_int_v(h_ctx_t *h, const char *fmt, va_list ap)
+{
+    char *sql = sqlite3_vmprintf(fmt, ap);
+    sqlite3_stmt *st = NULL;
+    int64_t v = -1;
+    if (sqlite3_prepare_v2(db_of(h), sql, -1, &st, NULL) != SQLITE_OK) {
+        die("prepare %s: %s", sql, sqlite3_errmsg(h->db));
+    }
+    int rc = sqlite3_step(st);
+    if (rc == SQLITE_ROW) {
+        v = sqlite3_column_int64(st, 0);
+    } else if (rc != SQLITE_DONE) {
+        die("step %s: %s", sql, sqlite3_errmsg(h->db));
+    }
+    sqlite3_finalize(st);
+    sqlite3_free(sql);
+    return v;
+}
+
+int64_t h_sql_int(h_ctx_t *h, const char *sql_fmt, ...)
+{
+    va_list ap;
+    va_start(ap, sql_fmt);
+    int64_t v = sql_int_v(h, sql_fmt, ap);
+    va_end(ap);
+    return v;
+}
+
+int64_t h_wait_sql(h_ctx_t *h, int64_t expect, int timeout_ms, const char *sql_fmt, ...)
+{
+    int64_t until = now_ms() + timeout_ms;
+    int64_t v;
+    for (;;) {
+        va_list ap;
+        va_start(ap, sql_fmt);
+        v = sql_int_v(h, sql_fmt, ap);
+        va_end(ap);
+        if (v == expect || now_ms() > until) {
+            return v;
+        }
+        usleep(50000);
+    }
+}
+
+size_t h_count_lines(h_ctx_t *h, const char *file, const char *needle)
+{
+    char path[PATH_MAX + 64];
+    snprintf(path, sizeof path, "%s/%s", h->dir, file);
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        return 0;
+    }
+    char *line = NULL;
+    size_t cap = 0;
+    size_t n = 0;
+    while (getline(&line, &cap, f) >= 0) {
+        n += strstr(line, needle) != NULL;
+    }
+    free(line);
+    fclose(f);
+    return n;
+}
+
+static void check_reply(amqp_connection_state_t conn, const char *what)
+{
+    amqp_rpc_reply_t r = amqp_get_rpc_reply(conn);
+    if (r.reply_type != AMQP_RESPONSE_NORMAL) {
+        die("%s failed (reply type %d)", what, (int)r.reply_type);
+    }
+}
+
+amqp_connection_state_t h_amqp_open(h_ctx_t *h)
+{
+    char url[512];
+    snprintf(url, sizeof url, "%s", h->amqp);
+    struct amqp_connection_info info;
+    if (amqp_parse_url(url, &info) != AMQP_STATUS_OK) {
+        die("bad url %s", h->amqp);
+    }
+    char vhost[256];
+    snprintf(vhost, sizeof vhost, "%s", info.vhost);
+    if (strcmp(vhost, "%2f") == 0 || strcmp(vhost, "%2F") == 0) {
+        strcpy(vhost, "/");
+    }
+    amqp_connection_state_t conn = amqp_new_connection();
+    amqp_socket_t *socket = amqp_tcp_socket_new(conn);
+    if (amqp_socket_open(socket, info.host, info.port) != AMQP_STATUS_OK) {
+        die("cannot connect to %s:%d", info.host, info.port);
+    }
+    amqp_rpc_reply_t r = amqp_login(conn, vhost, 0, 131072, 0, AMQP_SASL_METHOD_PLAIN,
+                                    info.user, info.password);
+    if (r.reply_type != AMQP_RESPONSE_NORMAL) {
+        die("login failed");
+    }
+    amqp_channel_open(conn, 1);
+    check_reply(conn, "channel.open");
+    return conn;
+}
+
+void h_amqp_close(amqp_connection_state_t conn)
+{
+    amqp_channel_close(conn, 1, AMQP_REPLY_SUCCESS);
+    amqp_connection_close(conn, AMQP_REPLY_SUCCESS);
+    amqp_destroy_connection(conn);
+}
+
+void h_tap(h_ctx_t *h, amqp_connection_state_t conn, const char *suffix, const char *exchange,
+           const char *routing_key)
+{
+    char queue[256];
+    snprintf(queue, sizeof queue, "%s.%s", h->prefix, suffix);
+    amqp_queue_declare(conn, 1, amqp_cstring_bytes(queue), 0, 1, 0, 0, amqp_empty_table);
+    check_reply(conn, "tap declare");
+    amqp_queue_bind(conn, 1, amqp_cstring_bytes(queue), amqp_cstring_bytes(exchange),
+                    amqp_cstring_bytes(routing_key), amqp_empty_table);
+    check_reply(conn, "tap bind");
+}
+
+static void header_str(const amqp_basic_properties_t *p, const char *key, char *buf,
+                       size_t cap)
+{
+    buf[0] = '\0';
+    if (!(p->_flags & AMQP_BASIC_HEADERS_FLAG)) {
+        return;
+    }
+    for (int i = 0; i < p->headers.num_entries; i++) {
+        amqp_table_entry_t *e = &p->headers.entries[i];
+        if (e->key.len == strlen(key) && memcmp(e->key.bytes, key, e->key.len) == 0 &&
+            (e->value.kind == AMQP_FIELD_KIND_UTF8 || e->value.kind == AMQP_FIELD_KIND_BYTES)) {
+            size_t n = e->value.value.bytes.len < cap - 1 ? e->value.value.bytes.len : cap - 1;
+            memcpy(buf, e->value.value.bytes.bytes, n);
+            buf[n] = '\0';
+        }
+    }
+}
+
+size_t h_drain(amqp_connection_state_t conn, const char *queue, int idle_ms, h_msg_cb cb,
+               void *opaque)
+{
+    size_t n = 0;
+    int64_t idle_until = now_ms() + idle_ms;
+    while (now_ms() <= idle_until) {
+        amqp_rpc_reply_t r = amqp_basic_get(conn, 1, amqp_cstring_bytes(queue), 1);
+        if (r.reply_type != AMQP_RESPONSE_NORMAL) {
+            die("basic.get %s failed", queue);
+        }
+        if (r.reply.id == AMQP_BASIC_GET_EMPTY_METHOD) {
+            usleep(50000);
+            continue;
+        }
+        amqp_basic_get_ok_t *ok = r.reply.decoded;
+        amqp_message_t msg;
+        if (amqp_read_message(conn, 1, &msg, 0).reply_type != AMQP_RESPONSE_NORMAL) {
+            die("read message from %s", queue);
+        }
+        h_msg_t m = {.len = msg.body.len, .redelivered = ok->redelivered};
+        m.body = malloc(msg.body.len + 1);
+        memcpy(m.body, msg.body.bytes, msg.body.len);
+        m.body[msg.body.len] = '\0';
+        if (msg.properties._flags & AMQP_BASIC_MESSAGE_ID_FLAG) {
+            size_t l = msg.properties.message_id.len;
+            l = l < sizeof m.message_id - 1 ? l : sizeof m.message_id - 1;
+            memcpy(m.message_id, msg.properties.message_id.bytes, l);
+            m.message_id[l] = '\0';
+        }
+        header_str(&msg.properties, "x-lapse-reason", m.reason, sizeof m.reason);
+        if (cb) {
+            cb(opaque, &m);
+        }
+        free(m.body);
+        amqp_destroy_message(&msg);
+        n++;
+        idle_until = now_ms() + idle_ms;
+    }
+    amqp_maybe_release_buffers(conn);
+    return n;
+}
+
+void h_publish_raw(amqp_connection_state_t conn, const char *exchange,
+                   const char *routing_key, const void *body, size_t len,
+                   const char *message_id)
+{
+    amqp_basic_properties_t props;
+    memset(&props, 0, sizeof props);
+    props._flags = AMQP_BASIC_DELIVERY_MODE_FLAG;
+    props.delivery_mode = AMQP_DELIVERY_PERSISTENT;
+    if (message_id) {
+        props._flags |= AMQP_BASIC_MESSAGE_ID_FLAG;
+        props.message_id = amqp_cstring_bytes(message_id);
+    }
+    amqp_bytes_t b = {.len = len, .bytes = (void *)body};
+    if (amqp_basic_publish(conn, 1, amqp_cstring_bytes(exchange),
+                           amqp_cstring_bytes(routing_key), 0, 0, &props, b) != 0) {
+        die("publish to %s failed", exchange);
+    }
+}
+
+int64_t h_queue_depth(amqp_connection_state_t conn, const char *queue)
+{
+    amqp_queue_declare_ok_t *ok =
+        amqp_queue_declare(conn, 1, amqp_cstring_bytes(queue), 1, 0, 0, 0, amqp_empty_table);
+    check_reply(conn, "passive declare");
+    return ok->message_count;
+}
+
+static int cmp_i64(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+void h_sort(int64_t *v, size_t n)
+{
+    qsort(v, n, sizeof *v, cmp_i64);
+}
+
+int64_t h_percentile(const int64_t *sorted, size_t n, double p)
+{
+    if (n == 0) {
+        return -1;
+    }
+    size_t idx = (size_t)((p / 100.0) * (double)(n - 1) + 0.5);
+    return sorted[idx < n ? idx : n - 1];
+}

@@ -1,0 +1,91 @@
+/* SPDX-License-Identifier: MIT
+ * Integration-test harness: a scratch dir and prefix per test, the real lapse binary,
+ * the real SQLite file, and a rabbitmq-c connection to the private test node. */
+#ifndef LAPSE_TEST_HARNESS_H
+#define LAPSE_TEST_HARNESS_H
+
+#include <amqp.h>
+#include <limits.h>
+#include <sqlite3.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+typedef struct h_ctx {
+    char name[64];
+    char dir[PATH_MAX];
+    char db_path[PATH_MAX + 16];
+    char store[PATH_MAX + 32];
+    char prefix[96];
+    char classes[128];
+    char amqp[512];
+    const char *bin;
+    sqlite3 *db;
+} h_ctx_t;
+
+/* A message read back from a queue; strings are NUL-terminated copies. */
+typedef struct h_msg {
+    char *body;
+    size_t len;
+    char message_id[256];
+    char reason[256]; /* header x-lapse-reason, "" when absent */
+    bool redelivered;
+} h_msg_t;
+
+typedef void (*h_msg_cb)(void *opaque, const h_msg_t *msg);
+
+/* Scale timeouts under sanitizers/valgrind: LAPSE_TEST_TIMEOUT_MULTIPLIER (default 1). */
+int h_ms(int ms);
+
+/* Fresh temp dir and prefix "t-<name>-<pid>"; declares the topology unless declare is
+ * false. Aborts the test run with a message when the environment is not there. */
+void h_setup(h_ctx_t *h, const char *name, const char *classes, bool declare);
+/* Close the database, delete the topology's queues (best effort) and the temp dir. */
+void h_teardown(h_ctx_t *h);
+
+/* Run `lapse <global flags> args... (NULL-terminated)`, stdout into out (may be NULL),
+ * stderr appended to <dir>/cli.log. Returns the exit code (-1 when it did not exit). */
+int h_lapse(h_ctx_t *h, char *out, size_t cap, ...);
+
+/* Start `lapse <global flags> consume [extra...]` in the background, stderr into
+ * <dir>/<log>. extra may be NULL. */
+pid_t h_spawn_consumer(h_ctx_t *h, const char *log, const char *const *extra);
+
+/* Send sig (0: none) and wait up to timeout_ms. Returns the exit code, 128+signal when
+ * killed by a signal, -1 on timeout (the process is then killed). */
+int h_stop(pid_t pid, int sig, int timeout_ms);
+bool h_alive(pid_t pid);
+
+/* Scalar query on the test's SQLite store (read-only connection). */
+int64_t h_sql_int(h_ctx_t *h, const char *sql_fmt, ...);
+/* Poll until the query equals expect or timeout_ms passes; returns the last value. */
+int64_t h_wait_sql(h_ctx_t *h, int64_t expect, int timeout_ms, const char *sql_fmt, ...);
+
+/* Lines of <dir>/<file> that contain needle. */
+size_t h_count_lines(h_ctx_t *h, const char *file, const char *needle);
+/* Full path of a file in the test dir (static buffer: use before the next call). */
+const char *h_path(h_ctx_t *h, const char *file);
+
+/* rabbitmq-c helpers (channel 1). */
+amqp_connection_state_t h_amqp_open(h_ctx_t *h);
+void h_amqp_close(amqp_connection_state_t conn);
+/* Declare a queue named <prefix>.<suffix> bound to exchange with routing key. */
+void h_tap(h_ctx_t *h, amqp_connection_state_t conn, const char *suffix, const char *exchange,
+           const char *routing_key);
+/* basic.get every message of <queue> (acking it) until empty for idle_ms. */
+size_t h_drain(amqp_connection_state_t conn, const char *queue, int idle_ms, h_msg_cb cb,
+               void *opaque);
+/* Persistent publish of body to exchange/routing key (no confirms; a passive declare
+ * after it makes sure the broker has processed it). */
+void h_publish_raw(amqp_connection_state_t conn, const char *exchange,
+                   const char *routing_key, const void *body, size_t len,
+                   const char *message_id);
+/* Passive-declare: messages in queue. */
+int64_t h_queue_depth(amqp_connection_state_t conn, const char *queue);
+
+/* Percentile (0..100) of n sorted values. */
+int64_t h_percentile(const int64_t *sorted, size_t n, double p);
+void h_sort(int64_t *v, size_t n);
+
+#endif

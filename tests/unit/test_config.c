@@ -1,0 +1,430 @@
+/* SPDX-License-Identifier: MIT
+ * Configuration: defaults, each property good and bad, URL parsing, environment, logging.
+ */
+#include "config_int.h"
+
+#include <lapse/message.h>
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#define ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
+
+static const char *const env_vars[] = {"LAPSE_AMQP_URL", "LAPSE_STORE", "LAPSE_PREFIX",
+                                       "LAPSE_CLASSES"};
+
+static int setup(void **state) {
+    for (size_t i = 0; i < ARRAY_LEN(env_vars); i++) {
+        unsetenv(env_vars[i]);
+    }
+    lapse_config_t *cfg = lapse_config_new();
+    if (cfg == NULL) {
+        return -1;
+    }
+    *state = cfg;
+    return 0;
+}
+
+static int teardown(void **state) {
+    lapse_config_free(*state);
+    for (size_t i = 0; i < ARRAY_LEN(env_vars); i++) {
+        unsetenv(env_vars[i]);
+    }
+    lapse_clock_set_skew_ms(0);
+    return 0;
+}
+
+static void test_defaults_follow_design(void **state) {
+    lapse_config_t *cfg = *state;
+    assert_string_equal(lapse_config_get(cfg, "amqp_url"),
+                        "amqp://guest:guest@localhost:5672/%2f");
+    assert_string_equal(cfg->host, "localhost");
+    assert_int_equal(cfg->port, 5672);
+    assert_string_equal(cfg->user, "guest");
+    assert_string_equal(cfg->password, "guest");
+    assert_string_equal(cfg->vhost, "/");
+    assert_string_equal(lapse_config_get(cfg, "store"), "sqlite:lapse.db");
+    assert_string_equal(lapse_config_get(cfg, "prefix"), "lapse");
+    assert_string_equal(lapse_config_get(cfg, "classes"), "30m");
+    assert_int_equal(cfg->n_classes, 1);
+    assert_string_equal(cfg->classes[0].name, "30m");
+    assert_int_equal(cfg->classes[0].ttl_ms, 1800000);
+    assert_string_equal(lapse_config_get(cfg, "prefetch"), "200");
+    assert_string_equal(lapse_config_get(cfg, "heartbeat"), "30");
+    assert_string_equal(lapse_config_get(cfg, "clock_skew"), "0");
+    assert_int_equal(cfg->clock_skew_ms, 0);
+    assert_null(cfg->log_cb);
+    lapse_config_free(NULL);
+}
+
+static void test_amqp_url_is_parsed(void **state) {
+    lapse_config_t *cfg = *state;
+    static const struct {
+        const char *url, *host, *user, *password, *vhost;
+        int port;
+    } cases[] = {
+        {"amqp://guest:guest@localhost:5672/%2f", "localhost", "guest", "guest", "/",
+         5672},
+        {"amqp://guest:guest@localhost:5672/%2F", "localhost", "guest", "guest", "/",
+         5672},
+        {"amqp://app:s3cret@mq.example.com:5673/orders", "mq.example.com", "app",
+         "s3cret", "orders", 5673},
+        {"amqp://mq", "mq", "guest", "guest", "/", 5672},
+        {"amqp://u:p@10.0.0.7/shop%2Feu", "10.0.0.7", "u", "p", "shop/eu", 5672},
+        {"amqp://a%40b:p%3Aw%2F@h:1/v", "h", "a@b", "p:w/", "v", 1},
+        {"amqp://u:p@[::1]:65535/x", "::1", "u", "p", "x", 65535},
+    };
+    for (size_t i = 0; i < ARRAY_LEN(cases); i++) {
+        lapse_error_t err;
+        if (lapse_config_set(cfg, "amqp_url", cases[i].url, &err) != LAPSE_OK) {
+            fail_msg("%s: %s", cases[i].url, err.text);
+        }
+        assert_string_equal(lapse_config_get(cfg, "amqp_url"), cases[i].url);
+        assert_string_equal(cfg->host, cases[i].host);
+        assert_string_equal(cfg->user, cases[i].user);
+        assert_string_equal(cfg->password, cases[i].password);
+        assert_string_equal(cfg->vhost, cases[i].vhost);
+        assert_int_equal(cfg->port, cases[i].port);
+    }
+}
+
+/* Snapshot of everything a failed set must leave alone. */
+static void assert_same_config(const lapse_config_t *a, const lapse_config_t *b) {
+    assert_string_equal(a->amqp_url, b->amqp_url);
+    assert_string_equal(a->host, b->host);
+    assert_int_equal(a->port, b->port);
+    assert_string_equal(a->user, b->user);
+    assert_string_equal(a->password, b->password);
+    assert_string_equal(a->vhost, b->vhost);
+    assert_string_equal(a->store, b->store);
+    assert_string_equal(a->prefix, b->prefix);
+    assert_int_equal(a->n_classes, b->n_classes);
+    assert_memory_equal(a->classes, b->classes, a->n_classes * sizeof a->classes[0]);
+    assert_string_equal(a->classes_text, b->classes_text);
+    assert_int_equal(a->prefetch, b->prefetch);
+    assert_int_equal(a->heartbeat, b->heartbeat);
+    assert_int_equal(a->clock_skew_ms, b->clock_skew_ms);
+}
+
+static const struct {
+    const char *name, *value;
+    lapse_status_t rc;
+} bad_values[] = {
+    {"amqp_url", "", LAPSE_ERR_CONFIG_URL},
+    {"amqp_url", "http://h/", LAPSE_ERR_CONFIG_URL},
+    {"amqp_url", "AMQP://h", LAPSE_ERR_CONFIG_URL},
+    {"amqp_url", "amqps://h/%2f", LAPSE_ERR_CONFIG_URL},
+    {"amqp_url", "amqp://h:99999/%2f", LAPSE_ERR_CONFIG_URL},
+    {"amqp_url", "amqp://h:0/%2f", LAPSE_ERR_CONFIG_URL},
+    {"amqp_url", "amqp://h:abc/%2f", LAPSE_ERR_CONFIG_URL},
+    {"amqp_url", "amqp://h/", LAPSE_ERR_CONFIG_URL},
+    {"amqp_url", "amqp://h/a/b", LAPSE_ERR_CONFIG_URL},
+    {"amqp_url", "amqp://h/%zz", LAPSE_ERR_CONFIG_URL},
+    {"amqp_url", "amqp://h/v%00x", LAPSE_ERR_CONFIG_URL},
+    {"amqp_url", "amqp://u:p w@h/%2f", LAPSE_ERR_CONFIG_URL},
+    {"amqp_url", "amqp://h/v?heartbeat=5", LAPSE_ERR_CONFIG_URL},
+    {"store", "", LAPSE_ERR_CONFIG_STORE},
+    {"store", "sqlite:", LAPSE_ERR_CONFIG_STORE},
+    {"store", "lapse.db", LAPSE_ERR_CONFIG_STORE},
+    {"store", "mysql://h/db", LAPSE_ERR_CONFIG_STORE},
+    {"store", "postgres:/h", LAPSE_ERR_CONFIG_STORE},
+    {"prefix", "", LAPSE_ERR_CONFIG_PREFIX},
+    {"prefix", "a.b", LAPSE_ERR_CONFIG_PREFIX},
+    {"prefix", "a b", LAPSE_ERR_CONFIG_PREFIX},
+    {"prefix", "caf\xc3\xa9", LAPSE_ERR_CONFIG_PREFIX},
+    {"prefix", "0123456789012345678901234567890123456789012345678",
+     LAPSE_ERR_CONFIG_PREFIX},
+    {"classes", "", LAPSE_ERR_CONFIG_CLASS},
+    {"classes", ",", LAPSE_ERR_CONFIG_CLASS},
+    {"classes", "15m,", LAPSE_ERR_CONFIG_CLASS},
+    {"classes", ",15m", LAPSE_ERR_CONFIG_CLASS},
+    {"classes", "15m,,30m", LAPSE_ERR_CONFIG_CLASS},
+    {"classes", "15m,0s", LAPSE_ERR_CONFIG_CLASS},
+    {"classes", "15", LAPSE_ERR_CONFIG_CLASS},
+    {"classes", "15m;30m", LAPSE_ERR_CONFIG_CLASS},
+    {"classes", "-15m", LAPSE_ERR_CONFIG_CLASS},
+    {"classes", "50d", LAPSE_ERR_CONFIG_CLASS},
+    {"classes", "4294967296ms", LAPSE_ERR_CONFIG_CLASS},
+    {"classes", "1s,2s,3s,4s,5s,6s,7s,8s,9s,10s,11s,12s,13s,14s,15s,16s,17s",
+     LAPSE_ERR_CONFIG_CLASS},
+    {"classes", "12345678901234567890123456789012345m", LAPSE_ERR_CONFIG_CLASS},
+    {"prefetch", "0", LAPSE_ERR_CONFIG_VALUE},
+    {"prefetch", "65536", LAPSE_ERR_CONFIG_VALUE},
+    {"prefetch", "-1", LAPSE_ERR_CONFIG_VALUE},
+    {"prefetch", "", LAPSE_ERR_CONFIG_VALUE},
+    {"prefetch", "10x", LAPSE_ERR_CONFIG_VALUE},
+    {"prefetch", " 10", LAPSE_ERR_CONFIG_VALUE},
+    {"prefetch", "99999999999999999999999", LAPSE_ERR_CONFIG_VALUE},
+    {"heartbeat", "3601", LAPSE_ERR_CONFIG_VALUE},
+    {"heartbeat", "-5", LAPSE_ERR_CONFIG_VALUE},
+    {"heartbeat", "30s", LAPSE_ERR_CONFIG_VALUE},
+    {"clock_skew", "", LAPSE_ERR_CONFIG_DURATION},
+    {"clock_skew", "-", LAPSE_ERR_CONFIG_DURATION},
+    {"clock_skew", "--5m", LAPSE_ERR_CONFIG_DURATION},
+    {"clock_skew", "+5m", LAPSE_ERR_CONFIG_DURATION},
+    {"clock_skew", "5", LAPSE_ERR_CONFIG_DURATION},
+    {"clock_skew", "-0s", LAPSE_ERR_CONFIG_DURATION},
+    {"queue_type", "quorum", LAPSE_ERR_CONFIG_UNKNOWN},
+    {"", "x", LAPSE_ERR_CONFIG_UNKNOWN},
+    {"PREFIX", "x", LAPSE_ERR_CONFIG_UNKNOWN},
+};
+
+static void test_bad_values_are_refused_and_change_nothing(void **state) {
+    lapse_config_t *cfg = *state;
+    /* Start from non-default values so "unchanged" cannot be confused with "reset". */
+    assert_int_equal(lapse_config_set(cfg, "classes", "15m,45m", NULL), LAPSE_OK);
+    assert_int_equal(lapse_config_set(cfg, "prefix", "shop", NULL), LAPSE_OK);
+    assert_int_equal(lapse_config_set(cfg, "amqp_url", "amqp://u:p@mq:5673/v", NULL),
+                     LAPSE_OK);
+    assert_int_equal(lapse_config_set(cfg, "clock_skew", "-90s", NULL), LAPSE_OK);
+    lapse_config_t before = *cfg;
+    for (size_t i = 0; i < ARRAY_LEN(bad_values); i++) {
+        lapse_error_t err;
+        lapse_status_t rc =
+            lapse_config_set(cfg, bad_values[i].name, bad_values[i].value, &err);
+        if (rc != bad_values[i].rc || err.code != rc || err.text[0] == '\0') {
+            fail_msg("%s=\"%s\": got %s \"%s\", want %s", bad_values[i].name,
+                     bad_values[i].value, lapse_status_name(rc), err.text,
+                     lapse_status_name(bad_values[i].rc));
+        }
+        assert_same_config(cfg, &before);
+    }
+}
+
+static void test_url_errors_do_not_leak_the_password(void **state) {
+    lapse_config_t *cfg = *state;
+    lapse_error_t err;
+    assert_int_equal(lapse_config_set(cfg, "amqp_url", "amqp://u:hunter2@h:99999/", &err),
+                     LAPSE_ERR_CONFIG_URL);
+    assert_null(strstr(err.text, "hunter2"));
+    assert_int_equal(lapse_config_set(cfg, "amqp_url", "amqp://u:hunter2@h/", &err),
+                     LAPSE_ERR_CONFIG_URL);
+    assert_null(strstr(err.text, "hunter2"));
+    assert_non_null(strstr(err.text, "%2f"));
+}
+
+static void test_null_arguments(void **state) {
+    lapse_config_t *cfg = *state;
+    lapse_error_t err;
+    assert_int_equal(lapse_config_set(NULL, "prefix", "x", &err), LAPSE_ERR_INVALID);
+    assert_int_equal(lapse_config_set(cfg, NULL, "x", &err), LAPSE_ERR_INVALID);
+    assert_int_equal(lapse_config_set(cfg, "prefix", NULL, &err), LAPSE_ERR_INVALID);
+    assert_null(lapse_config_get(cfg, NULL));
+    assert_null(lapse_config_get(NULL, "prefix"));
+    assert_null(lapse_config_get(cfg, "nonsense"));
+    assert_null(lapse_config_get(cfg, "password"));
+    assert_int_equal(lapse_config_from_env(NULL, &err), LAPSE_ERR_INVALID);
+    lapse_config_set_log_cb(NULL, NULL, NULL);
+}
+
+static void test_store_prefix_and_numbers(void **state) {
+    lapse_config_t *cfg = *state;
+    static const struct {
+        const char *name, *value, *get;
+    } good[] = {
+        {"store", "sqlite:/var/lib/lapse/orders.db", NULL},
+        {"store", "sqlite::memory:", NULL},
+        {"store", "postgres://lapse@db/orders", NULL},
+        {"store", "postgresql://db:5432/orders?sslmode=require", NULL},
+        {"prefix", "shop-eu_2", NULL},
+        {"prefix", "x", NULL},
+        {"prefix", "012345678901234567890123456789012345678901234567", NULL},
+        {"prefetch", "1", NULL},
+        {"prefetch", "65535", NULL},
+        {"prefetch", "0100", "100"},
+        {"heartbeat", "0", NULL},
+        {"heartbeat", "3600", NULL},
+    };
+    for (size_t i = 0; i < ARRAY_LEN(good); i++) {
+        lapse_error_t err;
+        if (lapse_config_set(cfg, good[i].name, good[i].value, &err) != LAPSE_OK) {
+            fail_msg("%s=\"%s\": %s", good[i].name, good[i].value, err.text);
+        }
+        assert_int_equal(err.code, LAPSE_OK);
+        const char *want = good[i].get != NULL ? good[i].get : good[i].value;
+        assert_string_equal(lapse_config_get(cfg, good[i].name), want);
+    }
+    assert_int_equal(cfg->prefetch, 100);
+    assert_int_equal(cfg->heartbeat, 3600);
+}
+
+static void test_classes_are_canonical_sorted_and_unique(void **state) {
+    lapse_config_t *cfg = *state;
+    static const struct {
+        const char *value, *text;
+        size_t n;
+    } cases[] = {
+        {"30m", "30m", 1},
+        {"45m,15m,30m", "15m,30m,45m", 3},
+        {"1800s,30m,1800000ms,0030m", "30m", 1},
+        {"60m,90s,1500ms,2h,1d,24h", "1500ms,90s,1h,2h,1d", 5},
+        {" 15m , 30m ", "15m,30m", 2},
+        {"4294967295ms", "4294967295ms", 1},
+        {"49d", "49d", 1},
+        {"1s,2s,3s,4s,5s,6s,7s,8s,9s,10s,11s,12s,13s,14s,15s,16s,16s,1s",
+         "1s,2s,3s,4s,5s,6s,7s,8s,9s,10s,11s,12s,13s,14s,15s,16s", 16},
+    };
+    for (size_t i = 0; i < ARRAY_LEN(cases); i++) {
+        lapse_error_t err;
+        if (lapse_config_set(cfg, "classes", cases[i].value, &err) != LAPSE_OK) {
+            fail_msg("\"%s\": %s", cases[i].value, err.text);
+        }
+        assert_string_equal(lapse_config_get(cfg, "classes"), cases[i].text);
+        assert_int_equal(cfg->n_classes, cases[i].n);
+        for (size_t k = 1; k < cfg->n_classes; k++) {
+            assert_true(cfg->classes[k - 1].ttl_ms < cfg->classes[k].ttl_ms);
+        }
+    }
+    assert_int_equal(lapse_config_set(cfg, "classes", "45m,15m,30m", NULL), LAPSE_OK);
+    assert_string_equal(cfg->classes[0].name, "15m");
+    assert_int_equal(cfg->classes[0].ttl_ms, 900000);
+    assert_string_equal(cfg->classes[2].name, "45m");
+    assert_int_equal(cfg->classes[2].ttl_ms, 2700000);
+
+    const lapse__class_t *cls = lapse__config_find_class(cfg, 1800000);
+    assert_non_null(cls);
+    assert_string_equal(cls->name, "30m");
+    assert_null(lapse__config_find_class(cfg, 1800001));
+    assert_null(lapse__config_find_class(cfg, 0));
+    assert_null(lapse__config_find_class(NULL, 1800000));
+}
+
+static void test_class_errors_name_the_item(void **state) {
+    lapse_config_t *cfg = *state;
+    lapse_error_t err;
+    assert_int_equal(lapse_config_set(cfg, "classes", "15m,half-hour", &err),
+                     LAPSE_ERR_CONFIG_CLASS);
+    assert_non_null(strstr(err.text, "\"half-hour\""));
+}
+
+static void test_clock_skew_sets_the_clock_hook(void **state) {
+    lapse_config_t *cfg = *state;
+    int64_t before = lapse_clock_now_ms();
+    assert_int_equal(lapse_config_set(cfg, "clock_skew", "-2h", NULL), LAPSE_OK);
+    assert_int_equal(cfg->clock_skew_ms, -7200000);
+    assert_string_equal(lapse_config_get(cfg, "clock_skew"), "-2h");
+    int64_t skewed = lapse_clock_now_ms();
+    assert_true(skewed <= before - 7200000 + 60000);
+    assert_true(skewed >= before - 7200000);
+
+    assert_int_equal(lapse_config_set(cfg, "clock_skew", "1500ms", NULL), LAPSE_OK);
+    assert_int_equal(cfg->clock_skew_ms, 1500);
+    assert_string_equal(lapse_config_get(cfg, "clock_skew"), "1500ms");
+
+    assert_int_equal(lapse_config_set(cfg, "clock_skew", "0", NULL), LAPSE_OK);
+    assert_int_equal(cfg->clock_skew_ms, 0);
+    assert_true(lapse_clock_now_ms() >= before);
+}
+
+static void test_env_overrides_defaults(void **state) {
+    lapse_config_t *cfg = *state;
+    lapse_error_t err;
+    /* Nothing set: nothing changes. */
+    assert_int_equal(lapse_config_from_env(cfg, &err), LAPSE_OK);
+    assert_string_equal(lapse_config_get(cfg, "prefix"), "lapse");
+
+    setenv("LAPSE_AMQP_URL", "amqp://app:pw@broker:5673/shop", 1);
+    setenv("LAPSE_STORE", "sqlite:/tmp/x.db", 1);
+    setenv("LAPSE_PREFIX", "shop", 1);
+    setenv("LAPSE_CLASSES", "45m,15m", 1);
+    assert_int_equal(lapse_config_from_env(cfg, &err), LAPSE_OK);
+    assert_string_equal(cfg->host, "broker");
+    assert_int_equal(cfg->port, 5673);
+    assert_string_equal(cfg->vhost, "shop");
+    assert_string_equal(lapse_config_get(cfg, "store"), "sqlite:/tmp/x.db");
+    assert_string_equal(lapse_config_get(cfg, "prefix"), "shop");
+    assert_string_equal(lapse_config_get(cfg, "classes"), "15m,45m");
+
+    /* A flag applied after the environment wins, as the CLI does it. */
+    assert_int_equal(lapse_config_set(cfg, "prefix", "flag", NULL), LAPSE_OK);
+    assert_string_equal(lapse_config_get(cfg, "prefix"), "flag");
+}
+
+static void test_env_empty_counts_as_unset(void **state) {
+    lapse_config_t *cfg = *state;
+    setenv("LAPSE_PREFIX", "", 1);
+    assert_int_equal(lapse_config_from_env(cfg, NULL), LAPSE_OK);
+    assert_string_equal(lapse_config_get(cfg, "prefix"), "lapse");
+}
+
+static void test_env_error_names_variable_and_changes_nothing(void **state) {
+    lapse_config_t *cfg = *state;
+    lapse_config_t before = *cfg;
+    setenv("LAPSE_AMQP_URL", "amqp://other:1234/v", 1);
+    setenv("LAPSE_PREFIX", "shop", 1);
+    setenv("LAPSE_CLASSES", "15m,soon", 1);
+    lapse_error_t err;
+    assert_int_equal(lapse_config_from_env(cfg, &err), LAPSE_ERR_CONFIG_CLASS);
+    assert_int_equal(err.code, LAPSE_ERR_CONFIG_CLASS);
+    assert_non_null(strstr(err.text, "LAPSE_CLASSES"));
+    assert_non_null(strstr(err.text, "\"soon\""));
+    /* The valid variables before the bad one were not applied either. */
+    assert_same_config(cfg, &before);
+}
+
+struct log_capture {
+    int calls;
+    lapse_log_level_t level;
+    char line[2048];
+};
+
+static void capture_log(void *opaque, lapse_log_level_t level, const char *line) {
+    struct log_capture *cap = opaque;
+    cap->calls++;
+    cap->level = level;
+    snprintf(cap->line, sizeof cap->line, "%s", line);
+}
+
+static void test_log_goes_to_the_sink_as_one_line(void **state) {
+    lapse_config_t *cfg = *state;
+    struct log_capture cap = {0};
+    lapse__log(cfg, LAPSE_LOG_INFO, "no sink yet %d", 1);
+    lapse__log(NULL, LAPSE_LOG_INFO, "no config");
+
+    lapse_config_set_log_cb(cfg, capture_log, &cap);
+    lapse__log(cfg, LAPSE_LOG_WARN, "event=%s order_id=%s", "park", "ord-1");
+    assert_int_equal(cap.calls, 1);
+    assert_int_equal(cap.level, LAPSE_LOG_WARN);
+    assert_string_equal(cap.line, "event=park order_id=ord-1");
+
+    lapse__log(cfg, LAPSE_LOG_ERROR, "reason=%s", "line one\nline two\r\n");
+    assert_string_equal(cap.line, "reason=line one line two  ");
+
+    char big[3000];
+    memset(big, 'z', sizeof big - 1);
+    big[sizeof big - 1] = '\0';
+    lapse__log(cfg, LAPSE_LOG_DEBUG, "%s", big);
+    assert_int_equal(strlen(cap.line), 1023);
+
+    lapse_config_set_log_cb(cfg, NULL, NULL);
+    lapse__log(cfg, LAPSE_LOG_INFO, "dropped");
+    assert_int_equal(cap.calls, 3);
+}
+
+int main(void) {
+#define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
+    const struct CMUnitTest tests[] = {
+        T(test_defaults_follow_design),
+        T(test_amqp_url_is_parsed),
+        T(test_bad_values_are_refused_and_change_nothing),
+        T(test_url_errors_do_not_leak_the_password),
+        T(test_null_arguments),
+        T(test_store_prefix_and_numbers),
+        T(test_classes_are_canonical_sorted_and_unique),
+        T(test_class_errors_name_the_item),
+        T(test_clock_skew_sets_the_clock_hook),
+        T(test_env_overrides_defaults),
+        T(test_env_empty_counts_as_unset),
+        T(test_env_error_names_variable_and_changes_nothing),
+        T(test_log_goes_to_the_sink_as_one_line),
+    };
+#undef T
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

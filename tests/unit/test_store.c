@@ -1,0 +1,854 @@
+/* SPDX-License-Identifier: MIT
+ * The SQLite store on a temporary file: idempotency, compare-and-set, outbox, races. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <jansson.h>
+#include <sqlite3.h>
+
+#include <lapse/store.h>
+
+/* 2027-01-15T08:00:00Z; orders are created then and lapse half an hour later. */
+#define T0       INT64_C(1800000000000)
+#define DEADLINE (T0 + 30 * 60 * 1000)
+
+typedef struct fixture {
+    char dir[64];
+    char path[96];
+    char uri[112];
+    lapse_store_t *store;
+} fixture_t;
+
+static int setup(void **state) {
+    fixture_t *f = calloc(1, sizeof(*f));
+    if (f == NULL) {
+        return -1;
+    }
+    strcpy(f->dir, "/tmp/lapse-test-store-XXXXXX");
+    if (mkdtemp(f->dir) == NULL) {
+        free(f);
+        return -1;
+    }
+    snprintf(f->path, sizeof(f->path), "%s/store.db", f->dir);
+    snprintf(f->uri, sizeof(f->uri), "sqlite:%s", f->path);
+    lapse_status_t rc;
+    lapse_error_t err;
+    f->store = lapse_store_open(f->uri, &rc, &err);
+    if (f->store == NULL) {
+        fprintf(stderr, "open %s: %s\n", f->uri, err.text);
+        rmdir(f->dir);
+        free(f);
+        return -1;
+    }
+    *state = f;
+    return 0;
+}
+
+static int teardown(void **state) {
+    fixture_t *f = *state;
+    lapse_store_close(f->store);
+    static const char *const suffixes[] = {"", "-wal", "-shm", "-journal"};
+    for (size_t i = 0; i < sizeof(suffixes) / sizeof(suffixes[0]); i++) {
+        char name[128];
+        snprintf(name, sizeof(name), "%s%s", f->path, suffixes[i]);
+        unlink(name);
+    }
+    int rc = rmdir(f->dir);
+    free(f);
+    return rc;
+}
+
+/* Reads one integer with a connection of its own, as another process would. */
+static int64_t query_int(const fixture_t *f, const char *sql) {
+    sqlite3 *db = NULL;
+    sqlite3_stmt *st = NULL;
+    assert_int_equal(sqlite3_open_v2(f->path, &db, SQLITE_OPEN_READWRITE, NULL),
+                     SQLITE_OK);
+    assert_int_equal(sqlite3_prepare_v2(db, sql, -1, &st, NULL), SQLITE_OK);
+    assert_int_equal(sqlite3_step(st), SQLITE_ROW);
+    int64_t value = sqlite3_column_int64(st, 0);
+    sqlite3_finalize(st);
+    sqlite3_close(db);
+    return value;
+}
+
+static void exec_sql(const fixture_t *f, const char *sql) {
+    sqlite3 *db = NULL;
+    assert_int_equal(sqlite3_open_v2(f->path, &db, SQLITE_OPEN_READWRITE, NULL),
+                     SQLITE_OK);
+    assert_int_equal(sqlite3_exec(db, sql, NULL, NULL, NULL), SQLITE_OK);
+    sqlite3_close(db);
+}
+
+static lapse_status_t insert(lapse_store_t *store, const char *order_id,
+                             int64_t deadline_ms, const char *const *holds,
+                             size_t n_holds) {
+    lapse_new_order_t order = {.order_id = order_id,
+                               .deadline_ms = deadline_ms,
+                               .created_at_ms = T0,
+                               .holds = holds,
+                               .n_holds = n_holds};
+    lapse_status_t result = LAPSE_ERR_INVALID;
+    lapse_error_t err;
+    assert_int_equal(lapse_store_insert_orders(store, &order, 1, &result, &err),
+                     LAPSE_OK);
+    return result;
+}
+
+static lapse_cancel_outcome_t cancel(lapse_store_t *store, const char *order_id,
+                                     int64_t now_ms, int64_t *event_seq) {
+    lapse_cancel_item_t item = {.order_id = order_id};
+    lapse_error_t err;
+    assert_int_equal(lapse_store_cancel_batch(store, &item, 1, now_ms, &err), LAPSE_OK);
+    if (event_seq != NULL) {
+        *event_seq = item.event_seq;
+    }
+    return item.outcome;
+}
+
+static lapse_order_status_t status_of(lapse_store_t *store, const char *order_id) {
+    lapse_order_t order;
+    lapse_error_t err;
+    lapse_order_init(&order);
+    assert_int_equal(lapse_store_get(store, order_id, &order, &err), LAPSE_OK);
+    lapse_order_status_t status = order.status;
+    lapse_order_clear(&order);
+    return status;
+}
+
+static void test_open_bad_uri(void **state) {
+    (void)state;
+    static const char *const uris[] = {"mysql://localhost/db", "sqlite:", "lapse.db", ""};
+    lapse_status_t rc = LAPSE_OK;
+    lapse_error_t err;
+    for (size_t i = 0; i < sizeof(uris) / sizeof(uris[0]); i++) {
+        assert_null(lapse_store_open(uris[i], &rc, &err));
+        assert_int_equal(rc, LAPSE_ERR_CONFIG_STORE);
+        assert_int_equal(err.code, LAPSE_ERR_CONFIG_STORE);
+    }
+    assert_null(lapse_store_open(NULL, &rc, &err));
+    assert_int_equal(rc, LAPSE_ERR_CONFIG_STORE);
+    assert_null(lapse_store_open("postgres://u:secret@db/orders", &rc, &err));
+    assert_int_equal(rc, LAPSE_ERR_CONFIG_STORE);
+    assert_string_equal(err.text, "PostgreSQL store not built in yet");
+    assert_null(lapse_store_open("postgresql://db/orders", &rc, &err));
+    assert_int_equal(rc, LAPSE_ERR_CONFIG_STORE);
+    assert_null(lapse_store_open("sqlite:/nonexistent-lapse-dir/x/store.db", &rc, &err));
+    assert_int_equal(rc, LAPSE_ERR_STORE_OPEN);
+    assert_true(err.text[0] != '\0');
+}
+
+static void test_open_uses_wal_and_versioned_schema(void **state) {
+    fixture_t *f = *state;
+    sqlite3 *db = NULL;
+    sqlite3_stmt *st = NULL;
+    assert_int_equal(sqlite3_open(f->path, &db), SQLITE_OK);
+    assert_int_equal(sqlite3_prepare_v2(db, "PRAGMA journal_mode", -1, &st, NULL), 0);
+    assert_int_equal(sqlite3_step(st), SQLITE_ROW);
+    assert_string_equal((const char *)sqlite3_column_text(st, 0), "wal");
+    sqlite3_finalize(st);
+    sqlite3_close(db);
+    assert_int_equal(query_int(f, "PRAGMA user_version"), 1);
+    assert_int_equal(query_int(f,
+                               "SELECT count(*) FROM sqlite_master WHERE type = 'table'"
+                               " AND name IN ('orders', 'holds', 'events')"),
+                     3);
+
+    /* A second handle on an existing file (another process, say) opens it as is. */
+    lapse_status_t rc;
+    lapse_error_t err;
+    lapse_store_t *other = lapse_store_open(f->uri, &rc, &err);
+    assert_non_null(other);
+    lapse_store_close(other);
+}
+
+static void test_open_refuses_newer_schema(void **state) {
+    fixture_t *f = *state;
+    exec_sql(f, "PRAGMA user_version = 99");
+    lapse_status_t rc;
+    lapse_error_t err;
+    assert_null(lapse_store_open(f->uri, &rc, &err));
+    assert_int_equal(rc, LAPSE_ERR_STORE_OPEN);
+}
+
+static void test_insert_is_idempotent_for_same_deadline(void **state) {
+    fixture_t *f = *state;
+    const char *const holds[] = {"seat-12"};
+    assert_int_equal(insert(f->store, "ord-1", DEADLINE, holds, 1), LAPSE_OK);
+    assert_int_equal(insert(f->store, "ord-1", DEADLINE, holds, 1), LAPSE_OK);
+    assert_int_equal(query_int(f, "SELECT count(*) FROM orders"), 1);
+    assert_int_equal(query_int(f, "SELECT count(*) FROM holds"), 1);
+}
+
+static void test_insert_conflicts_on_other_deadline(void **state) {
+    fixture_t *f = *state;
+    assert_int_equal(insert(f->store, "ord-1", DEADLINE, NULL, 0), LAPSE_OK);
+    assert_int_equal(insert(f->store, "ord-1", DEADLINE + 1, NULL, 0),
+                     LAPSE_ERR_STORE_CONFLICT);
+    assert_int_equal(query_int(f, "SELECT deadline_ms FROM orders"), DEADLINE);
+}
+
+static void test_insert_refuses_order_no_longer_pending(void **state) {
+    fixture_t *f = *state;
+    lapse_error_t err;
+    assert_int_equal(insert(f->store, "ord-paid", DEADLINE, NULL, 0), LAPSE_OK);
+    assert_int_equal(insert(f->store, "ord-gone", DEADLINE, NULL, 0), LAPSE_OK);
+    assert_int_equal(lapse_store_pay(f->store, "ord-paid", T0, &err), LAPSE_OK);
+    assert_int_equal(cancel(f->store, "ord-gone", DEADLINE, NULL), LAPSE_CANCEL_DONE);
+
+    /* One batch, per-order verdicts, and the batch itself still commits. */
+    lapse_new_order_t orders[] = {
+        {.order_id = "ord-paid", .deadline_ms = DEADLINE, .created_at_ms = T0},
+        {.order_id = "ord-gone", .deadline_ms = DEADLINE, .created_at_ms = T0},
+        {.order_id = "ord-new", .deadline_ms = DEADLINE, .created_at_ms = T0},
+    };
+    lapse_status_t results[3];
+    assert_int_equal(lapse_store_insert_orders(f->store, orders, 3, results, &err),
+                     LAPSE_OK);
+    assert_int_equal(results[0], LAPSE_ERR_STORE_STATE);
+    assert_int_equal(results[1], LAPSE_ERR_STORE_STATE);
+    assert_int_equal(results[2], LAPSE_OK);
+    assert_int_equal(status_of(f->store, "ord-new"), LAPSE_ORDER_PENDING);
+}
+
+static void test_insert_records_holds_sorted_without_duplicates(void **state) {
+    fixture_t *f = *state;
+    const char *const holds[] = {"seat-9", "seat-1", "seat-9"};
+    assert_int_equal(insert(f->store, "ord-1", DEADLINE, holds, 3), LAPSE_OK);
+
+    lapse_order_t order;
+    lapse_error_t err;
+    lapse_order_init(&order);
+    assert_int_equal(lapse_store_get(f->store, "ord-1", &order, &err), LAPSE_OK);
+    assert_string_equal(order.order_id, "ord-1");
+    assert_int_equal(order.status, LAPSE_ORDER_PENDING);
+    assert_int_equal(order.deadline_ms, DEADLINE);
+    assert_int_equal(order.created_at_ms, T0);
+    assert_int_equal(order.paid_at_ms, -1);
+    assert_int_equal(order.cancelled_at_ms, -1);
+    assert_false(order.scheduled);
+    assert_int_equal(order.n_holds, 2);
+    assert_string_equal(order.holds[0], "seat-1");
+    assert_string_equal(order.holds[1], "seat-9");
+    lapse_order_clear(&order);
+    assert_int_equal(order.n_holds, 0);
+    assert_null(order.holds);
+    lapse_order_clear(NULL);
+}
+
+static void test_insert_rejects_invalid_input_and_writes_nothing(void **state) {
+    fixture_t *f = *state;
+    const char *const bad_holds[] = {"seat-\xff"};
+    lapse_new_order_t orders[] = {
+        {.order_id = "ord-ok", .deadline_ms = DEADLINE, .created_at_ms = T0},
+        {.order_id = "ord bad", .deadline_ms = DEADLINE, .created_at_ms = T0},
+    };
+    lapse_status_t results[2];
+    lapse_error_t err;
+    assert_int_equal(lapse_store_insert_orders(f->store, orders, 2, results, &err),
+                     LAPSE_ERR_INVALID);
+    orders[1].order_id = "ord-utf8";
+    orders[1].holds = bad_holds;
+    orders[1].n_holds = 1;
+    assert_int_equal(lapse_store_insert_orders(f->store, orders, 2, results, &err),
+                     LAPSE_ERR_INVALID);
+    assert_int_equal(query_int(f, "SELECT count(*) FROM orders"), 0);
+    assert_int_equal(lapse_store_insert_orders(NULL, orders, 1, results, &err),
+                     LAPSE_ERR_INVALID);
+}
+
+static void test_mark_scheduled_sets_flag(void **state) {
+    fixture_t *f = *state;
+    lapse_error_t err;
+    assert_int_equal(insert(f->store, "ord-1", DEADLINE, NULL, 0), LAPSE_OK);
+    const char *const ids[] = {"ord-1", "ord-unknown"};
+    assert_int_equal(lapse_store_mark_scheduled(f->store, ids, 2, &err), LAPSE_OK);
+    lapse_order_t order;
+    lapse_order_init(&order);
+    assert_int_equal(lapse_store_get(f->store, "ord-1", &order, &err), LAPSE_OK);
+    assert_true(order.scheduled);
+    lapse_order_clear(&order);
+}
+
+static void test_get_unknown_is_not_found(void **state) {
+    fixture_t *f = *state;
+    lapse_order_t order;
+    lapse_error_t err;
+    lapse_order_init(&order);
+    assert_int_equal(lapse_store_get(f->store, "ord-none", &order, &err),
+                     LAPSE_ERR_STORE_NOT_FOUND);
+    assert_int_equal(err.code, LAPSE_ERR_STORE_NOT_FOUND);
+    assert_int_equal(order.n_holds, 0);
+}
+
+static void test_pay_before_deadline_marks_paid(void **state) {
+    fixture_t *f = *state;
+    lapse_error_t err;
+    assert_int_equal(insert(f->store, "ord-1", DEADLINE, NULL, 0), LAPSE_OK);
+    assert_int_equal(lapse_store_pay(f->store, "ord-1", DEADLINE - 1, &err), LAPSE_OK);
+    assert_int_equal(err.code, LAPSE_OK);
+    lapse_order_t order;
+    lapse_order_init(&order);
+    assert_int_equal(lapse_store_get(f->store, "ord-1", &order, &err), LAPSE_OK);
+    assert_int_equal(order.status, LAPSE_ORDER_PAID);
+    assert_int_equal(order.paid_at_ms, DEADLINE - 1);
+    assert_int_equal(order.cancelled_at_ms, -1);
+    lapse_order_clear(&order);
+}
+
+static void test_pay_after_deadline_is_refused(void **state) {
+    fixture_t *f = *state;
+    lapse_error_t err;
+    assert_int_equal(insert(f->store, "ord-1", DEADLINE, NULL, 0), LAPSE_OK);
+    /* The window is half-open: at the deadline itself it is already closed. */
+    assert_int_equal(lapse_store_pay(f->store, "ord-1", DEADLINE, &err),
+                     LAPSE_ERR_STORE_LAPSED);
+    assert_int_equal(err.code, LAPSE_ERR_STORE_LAPSED);
+    assert_int_equal(lapse_store_pay(f->store, "ord-1", DEADLINE + 5000, &err),
+                     LAPSE_ERR_STORE_LAPSED);
+    assert_int_equal(status_of(f->store, "ord-1"), LAPSE_ORDER_PENDING);
+}
+
+static void test_pay_cancelled_is_refused(void **state) {
+    fixture_t *f = *state;
+    lapse_error_t err;
+    assert_int_equal(insert(f->store, "ord-1", DEADLINE, NULL, 0), LAPSE_OK);
+    assert_int_equal(cancel(f->store, "ord-1", DEADLINE, NULL), LAPSE_CANCEL_DONE);
+    /* Even with a clock that says the window is open. */
+    assert_int_equal(lapse_store_pay(f->store, "ord-1", T0, &err), LAPSE_ERR_STORE_STATE);
+    assert_int_equal(status_of(f->store, "ord-1"), LAPSE_ORDER_CANCELLED);
+}
+
+static void test_pay_unknown(void **state) {
+    fixture_t *f = *state;
+    lapse_error_t err;
+    assert_int_equal(lapse_store_pay(f->store, "ord-none", T0, &err),
+                     LAPSE_ERR_STORE_NOT_FOUND);
+    assert_int_equal(lapse_store_pay(NULL, "ord-none", T0, &err), LAPSE_ERR_INVALID);
+}
+
+static void test_pay_twice_is_ok(void **state) {
+    fixture_t *f = *state;
+    lapse_error_t err;
+    assert_int_equal(insert(f->store, "ord-1", DEADLINE, NULL, 0), LAPSE_OK);
+    assert_int_equal(lapse_store_pay(f->store, "ord-1", T0 + 1, &err), LAPSE_OK);
+    assert_int_equal(lapse_store_pay(f->store, "ord-1", T0 + 2, &err), LAPSE_OK);
+    /* Also after the deadline: the payment already happened in time. */
+    assert_int_equal(lapse_store_pay(f->store, "ord-1", DEADLINE + 1, &err), LAPSE_OK);
+    assert_int_equal(query_int(f, "SELECT paid_at_ms FROM orders"), T0 + 1);
+}
+
+static void test_cancel_before_deadline_is_refused(void **state) {
+    fixture_t *f = *state;
+    const char *const holds[] = {"seat-1"};
+    assert_int_equal(insert(f->store, "ord-1", DEADLINE, holds, 1), LAPSE_OK);
+    lapse_cancel_item_t item = {.order_id = "ord-1"};
+    lapse_error_t err;
+    assert_int_equal(lapse_store_cancel_batch(f->store, &item, 1, DEADLINE - 1, &err),
+                     LAPSE_OK);
+    assert_int_equal(item.outcome, LAPSE_CANCEL_EARLY);
+    assert_int_equal(item.deadline_ms, DEADLINE);
+    assert_int_equal(item.event_seq, 0);
+    assert_int_equal(status_of(f->store, "ord-1"), LAPSE_ORDER_PENDING);
+    assert_int_equal(query_int(f, "SELECT count(*) FROM holds"
+                                  " WHERE released_at_ms IS NOT NULL"),
+                     0);
+    assert_int_equal(query_int(f, "SELECT count(*) FROM events"), 0);
+}
+
+static void test_cancel_at_deadline_cancels(void **state) {
+    fixture_t *f = *state;
+    assert_int_equal(insert(f->store, "ord-1", DEADLINE, NULL, 0), LAPSE_OK);
+    int64_t seq = 0;
+    assert_int_equal(cancel(f->store, "ord-1", DEADLINE, &seq), LAPSE_CANCEL_DONE);
+    assert_true(seq > 0);
+    assert_int_equal(query_int(f, "SELECT cancelled_at_ms FROM orders"), DEADLINE);
+}
+
+static void test_cancel_after_deadline_releases_holds_once(void **state) {
+    fixture_t *f = *state;
+    const char *const holds[] = {"seat-1", "seat-2"};
+    assert_int_equal(insert(f->store, "ord-1", DEADLINE, holds, 2), LAPSE_OK);
+    int64_t seq = 0;
+    assert_int_equal(cancel(f->store, "ord-1", DEADLINE + 100, &seq), LAPSE_CANCEL_DONE);
+    assert_true(seq > 0);
+    assert_int_equal(query_int(f, "SELECT count(*) FROM holds"
+                                  " WHERE released_at_ms = 1800001800100"),
+                     2);
+
+    /* A redelivered message: nothing changes, no second event. */
+    int64_t again = -1;
+    assert_int_equal(cancel(f->store, "ord-1", DEADLINE + 9000, &again),
+                     LAPSE_CANCEL_NOOP_CANCELLED);
+    assert_int_equal(again, 0);
+    assert_int_equal(query_int(f, "SELECT count(*) FROM holds"
+                                  " WHERE released_at_ms = 1800001800100"),
+                     2);
+    assert_int_equal(query_int(f, "SELECT cancelled_at_ms FROM orders"), DEADLINE + 100);
+    assert_int_equal(query_int(f, "SELECT count(*) FROM events"), 1);
+}
+
+static void test_cancel_paid_is_noop(void **state) {
+    fixture_t *f = *state;
+    const char *const holds[] = {"seat-1"};
+    lapse_error_t err;
+    assert_int_equal(insert(f->store, "ord-1", DEADLINE, holds, 1), LAPSE_OK);
+    assert_int_equal(lapse_store_pay(f->store, "ord-1", T0, &err), LAPSE_OK);
+    lapse_cancel_item_t item = {.order_id = "ord-1"};
+    assert_int_equal(lapse_store_cancel_batch(f->store, &item, 1, DEADLINE, &err),
+                     LAPSE_OK);
+    assert_int_equal(item.outcome, LAPSE_CANCEL_NOOP_PAID);
+    assert_int_equal(item.deadline_ms, DEADLINE);
+    assert_int_equal(status_of(f->store, "ord-1"), LAPSE_ORDER_PAID);
+    assert_int_equal(query_int(f, "SELECT count(*) FROM holds"
+                                  " WHERE released_at_ms IS NOT NULL"),
+                     0);
+    assert_int_equal(query_int(f, "SELECT count(*) FROM events"), 0);
+}
+
+static void test_cancel_unknown_order(void **state) {
+    fixture_t *f = *state;
+    lapse_cancel_item_t item = {.order_id = "ord-none", .deadline_ms = 7, .event_seq = 7};
+    lapse_error_t err;
+    assert_int_equal(lapse_store_cancel_batch(f->store, &item, 1, DEADLINE, &err),
+                     LAPSE_OK);
+    assert_int_equal(item.outcome, LAPSE_CANCEL_UNKNOWN);
+    assert_int_equal(item.deadline_ms, 0);
+    assert_int_equal(item.event_seq, 0);
+}
+
+static void test_cancel_same_order_twice_in_one_batch(void **state) {
+    fixture_t *f = *state;
+    assert_int_equal(insert(f->store, "ord-1", DEADLINE, NULL, 0), LAPSE_OK);
+    lapse_cancel_item_t items[] = {{.order_id = "ord-1"}, {.order_id = "ord-1"}};
+    lapse_error_t err;
+    assert_int_equal(lapse_store_cancel_batch(f->store, items, 2, DEADLINE, &err),
+                     LAPSE_OK);
+    assert_int_equal(items[0].outcome, LAPSE_CANCEL_DONE);
+    assert_int_equal(items[1].outcome, LAPSE_CANCEL_NOOP_CANCELLED);
+    assert_int_equal(items[1].event_seq, 0);
+    assert_int_equal(query_int(f, "SELECT count(*) FROM events"), 1);
+}
+
+static void test_cancel_batch_failure_writes_nothing(void **state) {
+    fixture_t *f = *state;
+    const char *const holds[] = {"seat-1"};
+    assert_int_equal(insert(f->store, "ord-a", DEADLINE, holds, 1), LAPSE_OK);
+    assert_int_equal(insert(f->store, "ord-b", DEADLINE, NULL, 0), LAPSE_OK);
+    /* A stray outbox row makes ord-b's event insert fail, after ord-a was cancelled. */
+    exec_sql(f, "INSERT INTO events (event_id, order_id, body, created_at_ms)"
+                " VALUES ('order.cancelled:ord-b', 'ord-b', '{}', 0)");
+    lapse_cancel_item_t items[] = {{.order_id = "ord-a"}, {.order_id = "ord-b"}};
+    lapse_error_t err;
+    assert_int_equal(lapse_store_cancel_batch(f->store, items, 2, DEADLINE, &err),
+                     LAPSE_ERR_STORE_SQL);
+    assert_int_equal(err.code, LAPSE_ERR_STORE_SQL);
+    assert_true(strstr(err.text, "UNIQUE") != NULL);
+    assert_int_equal(items[0].outcome, LAPSE_CANCEL_UNKNOWN);
+    assert_int_equal(items[0].event_seq, 0);
+    assert_int_equal(status_of(f->store, "ord-a"), LAPSE_ORDER_PENDING);
+    assert_int_equal(query_int(f, "SELECT count(*) FROM holds"
+                                  " WHERE released_at_ms IS NOT NULL"),
+                     0);
+    assert_int_equal(query_int(f, "SELECT count(*) FROM events"), 1);
+
+    /* The handle is usable afterwards. */
+    assert_int_equal(cancel(f->store, "ord-a", DEADLINE, NULL), LAPSE_CANCEL_DONE);
+}
+
+typedef struct seen {
+    size_t n;
+    int64_t seq[8];
+    char event_id[8][160];
+    char body[8][512];
+    size_t stop_after;      /* 0: never stop */
+    lapse_store_t *publish; /* when set, mark each event published from the callback */
+} seen_t;
+
+static int record_event(void *opaque, const lapse_event_t *event) {
+    seen_t *seen = opaque;
+    if (seen->n < 8) {
+        seen->seq[seen->n] = event->seq;
+        snprintf(seen->event_id[seen->n], sizeof(seen->event_id[0]), "%s",
+                 event->event_id);
+        snprintf(seen->body[seen->n], sizeof(seen->body[0]), "%s", event->body);
+    }
+    seen->n++;
+    if (seen->publish != NULL) {
+        lapse_error_t err;
+        if (lapse_store_events_mark_published(seen->publish, &event->seq, 1, DEADLINE,
+                                              &err) != LAPSE_OK) {
+            return -1;
+        }
+    }
+    return seen->stop_after != 0 && seen->n >= seen->stop_after;
+}
+
+static void test_cancel_event_body_names_order_deadline_and_holds(void **state) {
+    fixture_t *f = *state;
+    const char *const holds[] = {"slot-b", "slot-a"};
+    assert_int_equal(insert(f->store, "ord-1", DEADLINE, holds, 2), LAPSE_OK);
+    int64_t seq = 0;
+    assert_int_equal(cancel(f->store, "ord-1", DEADLINE + 250, &seq), LAPSE_CANCEL_DONE);
+
+    seen_t seen = {0};
+    lapse_error_t err;
+    assert_int_equal(
+        lapse_store_events_pending(f->store, 10, NULL, 0, record_event, &seen, &err),
+        LAPSE_OK);
+    assert_int_equal(seen.n, 1);
+    assert_int_equal(seen.seq[0], seq);
+    assert_string_equal(seen.event_id[0], "order.cancelled:ord-1");
+    assert_string_equal(seen.body[0],
+                        "{\"event\":\"order.cancelled\",\"order_id\":\"ord-1\","
+                        "\"deadline\":\"2027-01-15T08:30:00.000Z\","
+                        "\"cancelled_at\":\"2027-01-15T08:30:00.250Z\","
+                        "\"holds\":[\"slot-a\",\"slot-b\"]}");
+}
+
+static void cancel_three(fixture_t *f, int64_t seqs[3]) {
+    static const char *const ids[] = {"ord-1", "ord-2", "ord-3"};
+    for (size_t i = 0; i < 3; i++) {
+        assert_int_equal(insert(f->store, ids[i], DEADLINE, NULL, 0), LAPSE_OK);
+        assert_int_equal(cancel(f->store, ids[i], DEADLINE, &seqs[i]), LAPSE_CANCEL_DONE);
+    }
+    assert_true(seqs[0] < seqs[1] && seqs[1] < seqs[2]);
+}
+
+static void test_events_pending_and_mark_published(void **state) {
+    fixture_t *f = *state;
+    int64_t seqs[3];
+    lapse_error_t err;
+    cancel_three(f, seqs);
+
+    seen_t all = {0};
+    assert_int_equal(
+        lapse_store_events_pending(f->store, 10, NULL, 0, record_event, &all, &err),
+        LAPSE_OK);
+    assert_int_equal(all.n, 3);
+    assert_int_equal(all.seq[0], seqs[0]);
+    assert_int_equal(all.seq[2], seqs[2]);
+    assert_string_equal(all.event_id[1], "order.cancelled:ord-2");
+
+    seen_t oldest = {0};
+    assert_int_equal(
+        lapse_store_events_pending(f->store, 2, NULL, 0, record_event, &oldest, &err),
+        LAPSE_OK);
+    assert_int_equal(oldest.n, 2);
+    assert_int_equal(oldest.seq[1], seqs[1]);
+
+    const int64_t done[] = {seqs[0], seqs[1], 424242};
+    assert_int_equal(
+        lapse_store_events_mark_published(f->store, done, 3, DEADLINE + 1, &err),
+        LAPSE_OK);
+    /* Marking again keeps the first publication time. */
+    assert_int_equal(
+        lapse_store_events_mark_published(f->store, done, 1, DEADLINE + 2, &err),
+        LAPSE_OK);
+    assert_int_equal(query_int(f, "SELECT count(*) FROM events"
+                                  " WHERE published_at_ms = 1800001800001"),
+                     2);
+
+    seen_t rest = {0};
+    assert_int_equal(
+        lapse_store_events_pending(f->store, 10, NULL, 0, record_event, &rest, &err),
+        LAPSE_OK);
+    assert_int_equal(rest.n, 1);
+    assert_int_equal(rest.seq[0], seqs[2]);
+}
+
+static void test_events_pending_filters_by_seq(void **state) {
+    fixture_t *f = *state;
+    int64_t seqs[3];
+    lapse_error_t err;
+    cancel_three(f, seqs);
+    assert_int_equal(
+        lapse_store_events_mark_published(f->store, &seqs[1], 1, DEADLINE, &err),
+        LAPSE_OK);
+
+    /* Unordered, repeated, published and unknown seqs: the unpublished ones, once each,
+     * oldest first. */
+    const int64_t wanted[] = {seqs[2], seqs[1], seqs[0], seqs[2], 999999};
+    seen_t seen = {0};
+    assert_int_equal(
+        lapse_store_events_pending(f->store, 10, wanted, 5, record_event, &seen, &err),
+        LAPSE_OK);
+    assert_int_equal(seen.n, 2);
+    assert_int_equal(seen.seq[0], seqs[0]);
+    assert_int_equal(seen.seq[1], seqs[2]);
+
+    seen_t limited = {0};
+    assert_int_equal(
+        lapse_store_events_pending(f->store, 1, wanted, 5, record_event, &limited, &err),
+        LAPSE_OK);
+    assert_int_equal(limited.n, 1);
+    assert_int_equal(limited.seq[0], seqs[0]);
+}
+
+static void test_events_pending_stops_when_callback_says_so(void **state) {
+    fixture_t *f = *state;
+    int64_t seqs[3];
+    lapse_error_t err;
+    cancel_three(f, seqs);
+    seen_t seen = {.stop_after = 1};
+    assert_int_equal(
+        lapse_store_events_pending(f->store, 10, NULL, 0, record_event, &seen, &err),
+        LAPSE_OK);
+    assert_int_equal(seen.n, 1);
+}
+
+static void test_events_pending_callback_may_use_the_store(void **state) {
+    fixture_t *f = *state;
+    int64_t seqs[3];
+    lapse_error_t err;
+    cancel_three(f, seqs);
+    seen_t seen = {.publish = f->store};
+    assert_int_equal(
+        lapse_store_events_pending(f->store, 10, NULL, 0, record_event, &seen, &err),
+        LAPSE_OK);
+    assert_int_equal(seen.n, 3);
+    assert_int_equal(query_int(f, "SELECT count(*) FROM events"
+                                  " WHERE published_at_ms IS NULL"),
+                     0);
+}
+
+static void test_count(void **state) {
+    fixture_t *f = *state;
+    lapse_error_t err;
+    int64_t counts[3] = {-1, -1, -1};
+    assert_int_equal(lapse_store_count(f->store, counts, &err), LAPSE_OK);
+    assert_int_equal(counts[LAPSE_ORDER_PENDING], 0);
+    assert_int_equal(counts[LAPSE_ORDER_PAID], 0);
+    assert_int_equal(counts[LAPSE_ORDER_CANCELLED], 0);
+
+    static const char *const ids[] = {"o-1", "o-2", "o-3", "o-4", "o-5", "o-6"};
+    for (size_t i = 0; i < 6; i++) {
+        assert_int_equal(insert(f->store, ids[i], DEADLINE, NULL, 0), LAPSE_OK);
+    }
+    assert_int_equal(lapse_store_pay(f->store, "o-1", T0, &err), LAPSE_OK);
+    assert_int_equal(cancel(f->store, "o-2", DEADLINE, NULL), LAPSE_CANCEL_DONE);
+    assert_int_equal(cancel(f->store, "o-3", DEADLINE, NULL), LAPSE_CANCEL_DONE);
+    assert_int_equal(lapse_store_count(f->store, counts, &err), LAPSE_OK);
+    assert_int_equal(counts[LAPSE_ORDER_PENDING], 3);
+    assert_int_equal(counts[LAPSE_ORDER_PAID], 1);
+    assert_int_equal(counts[LAPSE_ORDER_CANCELLED], 2);
+}
+
+static void test_names_are_static_strings(void **state) {
+    (void)state;
+    assert_string_equal(lapse_order_status_name(LAPSE_ORDER_PENDING), "pending");
+    assert_string_equal(lapse_order_status_name(LAPSE_ORDER_PAID), "paid");
+    assert_string_equal(lapse_order_status_name(LAPSE_ORDER_CANCELLED), "cancelled");
+    assert_string_equal(lapse_cancel_outcome_name(LAPSE_CANCEL_DONE), "cancelled");
+    assert_string_equal(lapse_cancel_outcome_name(LAPSE_CANCEL_NOOP_PAID), "noop_paid");
+    assert_string_equal(lapse_cancel_outcome_name(LAPSE_CANCEL_NOOP_CANCELLED),
+                        "noop_cancelled");
+    assert_string_equal(lapse_cancel_outcome_name(LAPSE_CANCEL_EARLY), "early");
+    assert_string_equal(lapse_cancel_outcome_name(LAPSE_CANCEL_UNKNOWN), "unknown");
+    lapse_store_close(NULL);
+}
+
+#define RACE_ORDERS 200
+#define RACE_BATCH  3
+
+/* Written by the two racing processes, read by the test afterwards. */
+typedef struct race {
+    lapse_status_t pay_rc[RACE_ORDERS];
+    lapse_cancel_outcome_t outcome[RACE_ORDERS];
+    int64_t event_seq[RACE_ORDERS];
+} race_t;
+
+static void race_id(char *buf, size_t cap, int i) {
+    snprintf(buf, cap, "race-%03d", i);
+}
+
+/* Called between transactions. Without a pause, whichever side takes the write lock first
+ * runs all its transactions while the other sleeps in SQLite's busy handler, and no order
+ * is ever contested. */
+static void let_the_other_side_in(void) {
+    struct timespec pause = {.tv_sec = 0, .tv_nsec = 200 * 1000};
+    nanosleep(&pause, NULL);
+}
+
+/* One side of the race, in a child process with a handle of its own. The payer walks the
+ * orders upwards and the canceller downwards, in batches, so each side wins some orders
+ * outright, both attempt every order, and they collide where they meet. Returns the exit
+ * status: the child must not touch cmocka's state. */
+static int race_side(bool pays, const char *uri, race_t *race, int ready_fd, int go_fd) {
+    lapse_status_t rc;
+    lapse_error_t err;
+    lapse_store_t *store = lapse_store_open(uri, &rc, &err);
+    char byte = 'r';
+    if (store == NULL || write(ready_fd, &byte, 1) != 1) {
+        return 2;
+    }
+    /* Blocks until the parent closes the pipe, releasing both sides at once. */
+    if (read(go_fd, &byte, 1) != 0) {
+        return 3;
+    }
+    char ids[RACE_BATCH][16];
+    for (int i = 0; pays && i < RACE_ORDERS; i++) {
+        race_id(ids[0], sizeof(ids[0]), i);
+        do {
+            rc = lapse_store_pay(store, ids[0], DEADLINE - 1, &err);
+        } while (rc == LAPSE_ERR_STORE_BUSY);
+        race->pay_rc[i] = rc;
+        let_the_other_side_in();
+    }
+    for (int i = RACE_ORDERS - 1; !pays && i >= 0; i -= RACE_BATCH) {
+        lapse_cancel_item_t items[RACE_BATCH];
+        size_t n = 0;
+        for (; n < RACE_BATCH && i - (int)n >= 0; n++) {
+            race_id(ids[n], sizeof(ids[n]), i - (int)n);
+            items[n] = (lapse_cancel_item_t){.order_id = ids[n]};
+        }
+        do {
+            rc = lapse_store_cancel_batch(store, items, n, DEADLINE, &err);
+        } while (rc == LAPSE_ERR_STORE_BUSY);
+        if (rc != LAPSE_OK) {
+            return 4;
+        }
+        for (size_t k = 0; k < n; k++) {
+            race->outcome[i - (int)k] = items[k].outcome;
+            race->event_seq[i - (int)k] = items[k].event_seq;
+        }
+        let_the_other_side_in();
+    }
+    lapse_store_close(store);
+    return 0;
+}
+
+static void test_pay_races_cancel_from_two_connections(void **state) {
+    fixture_t *f = *state;
+    for (int i = 0; i < RACE_ORDERS; i++) {
+        char id[16], seat[24], slot[24];
+        race_id(id, sizeof(id), i);
+        snprintf(seat, sizeof(seat), "seat-%03d", i);
+        snprintf(slot, sizeof(slot), "slot-%03d", i);
+        const char *const holds[] = {seat, slot};
+        assert_int_equal(insert(f->store, id, DEADLINE, holds, 2), LAPSE_OK);
+    }
+    /* No SQLite connection may cross a fork. */
+    lapse_store_close(f->store);
+    f->store = NULL;
+
+    race_t *race = mmap(NULL, sizeof(*race), PROT_READ | PROT_WRITE,
+                        MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    assert_true(race != MAP_FAILED);
+    int ready[2], go[2];
+    assert_int_equal(pipe(ready), 0);
+    assert_int_equal(pipe(go), 0);
+    pid_t kids[2];
+    for (int side = 0; side < 2; side++) {
+        kids[side] = fork();
+        assert_true(kids[side] >= 0);
+        if (kids[side] == 0) {
+            close(ready[0]);
+            close(go[1]);
+            _exit(race_side(side == 0, f->uri, race, ready[1], go[0]));
+        }
+    }
+    close(ready[1]);
+    close(go[0]);
+    char byte;
+    for (int side = 0; side < 2; side++) {
+        assert_int_equal(read(ready[0], &byte, 1), 1);
+    }
+    close(go[1]);
+    for (int side = 0; side < 2; side++) {
+        int status = 0;
+        assert_int_equal(waitpid(kids[side], &status, 0), kids[side]);
+        assert_true(WIFEXITED(status));
+        assert_int_equal(WEXITSTATUS(status), 0);
+    }
+    close(ready[0]);
+
+    /* Exactly one side won each order, and the loser was told why. */
+    lapse_status_t rc;
+    lapse_error_t err;
+    f->store = lapse_store_open(f->uri, &rc, &err);
+    assert_non_null(f->store);
+    int64_t paid = 0, cancelled = 0;
+    for (int i = 0; i < RACE_ORDERS; i++) {
+        char id[16];
+        race_id(id, sizeof(id), i);
+        lapse_order_status_t status = status_of(f->store, id);
+        if (status == LAPSE_ORDER_PAID) {
+            paid++;
+            assert_int_equal(race->pay_rc[i], LAPSE_OK);
+            assert_int_equal(race->outcome[i], LAPSE_CANCEL_NOOP_PAID);
+            assert_int_equal(race->event_seq[i], 0);
+        } else {
+            cancelled++;
+            assert_int_equal(status, LAPSE_ORDER_CANCELLED);
+            assert_int_equal(race->pay_rc[i], LAPSE_ERR_STORE_STATE);
+            assert_int_equal(race->outcome[i], LAPSE_CANCEL_DONE);
+            assert_true(race->event_seq[i] > 0);
+        }
+    }
+    print_message("race: %lld paid, %lld cancelled\n", (long long)paid,
+                  (long long)cancelled);
+    assert_int_equal(paid + cancelled, RACE_ORDERS);
+    assert_int_equal(query_int(f, "SELECT count(*) FROM events"), cancelled);
+    assert_int_equal(query_int(f, "SELECT count(DISTINCT order_id) FROM events"),
+                     cancelled);
+    assert_int_equal(query_int(f, "SELECT count(*) FROM holds"
+                                  " WHERE released_at_ms IS NOT NULL"),
+                     2 * cancelled);
+    assert_int_equal(query_int(f,
+                               "SELECT count(*) FROM holds JOIN orders USING (order_id)"
+                               " WHERE (released_at_ms IS NOT NULL)"
+                               " != (status = 'cancelled')"),
+                     0);
+    munmap(race, sizeof(*race));
+}
+
+int main(void) {
+#define T(name) cmocka_unit_test_setup_teardown(name, setup, teardown)
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_open_bad_uri),
+        cmocka_unit_test(test_names_are_static_strings),
+        T(test_open_uses_wal_and_versioned_schema),
+        T(test_open_refuses_newer_schema),
+        T(test_insert_is_idempotent_for_same_deadline),
+        T(test_insert_conflicts_on_other_deadline),
+        T(test_insert_refuses_order_no_longer_pending),
+        T(test_insert_records_holds_sorted_without_duplicates),
+        T(test_insert_rejects_invalid_input_and_writes_nothing),
+        T(test_mark_scheduled_sets_flag),
+        T(test_get_unknown_is_not_found),
+        T(test_pay_before_deadline_marks_paid),
+        T(test_pay_after_deadline_is_refused),
+        T(test_pay_cancelled_is_refused),
+        T(test_pay_unknown),
+        T(test_pay_twice_is_ok),
+        T(test_cancel_before_deadline_is_refused),
+        T(test_cancel_at_deadline_cancels),
+        T(test_cancel_after_deadline_releases_holds_once),
+        T(test_cancel_paid_is_noop),
+        T(test_cancel_unknown_order),
+        T(test_cancel_same_order_twice_in_one_batch),
+        T(test_cancel_batch_failure_writes_nothing),
+        T(test_cancel_event_body_names_order_deadline_and_holds),
+        T(test_events_pending_and_mark_published),
+        T(test_events_pending_filters_by_seq),
+        T(test_events_pending_stops_when_callback_says_so),
+        T(test_events_pending_callback_may_use_the_store),
+        T(test_count),
+        T(test_pay_races_cancel_from_two_connections),
+    };
+#undef T
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
