@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT
  * Backoff with jitter for reconnects and store retries, and an interruptible sleep. */
-#include "broker_int.h"
+#include "backoff_int.h"
 
 #include <stdlib.h>
 #include <time.h>

@@ -6,6 +6,7 @@
 #include <amqp.h>
 #include <signal.h>
 
+#include "backoff_int.h"
 #include "config_int.h"
 
 #include <lapse/lapse.h>
@@ -79,11 +80,5 @@ amqp_table_entry_t lapse__entry_i64(const char *k, int64_t v);
 
 /** Copy an amqp_bytes_t into buf as a NUL-terminated string (truncating). */
 void lapse__bytes_to_str(amqp_bytes_t bytes, char *buf, size_t cap);
-
-/** Sleep for ms, returning early (false) when *stop becomes non-zero. stop may be NULL. */
-bool lapse__sleep_ms(int64_t ms, const volatile sig_atomic_t *stop);
-
-/** Exponential backoff with full jitter: attempt 0,1,2.. -> [base, min(cap, base*2^n)]. */
-int64_t lapse__backoff_ms(unsigned attempt, int64_t base_ms, int64_t cap_ms);
 
 #endif

@@ -6,6 +6,9 @@
 #include <jansson.h>
 
 #include "store_int.h"
+#include "backoff_int.h"
+
+#define OPEN_ATTEMPTS 20
 
 const char *lapse_order_status_name(lapse_order_status_t status) {
     switch (status) {
@@ -131,7 +134,17 @@ lapse_store_t *lapse_store_open(const char *uri, lapse_status_t *rc, lapse_error
                                   "store URI \"sqlite:\" needs a path");
             return NULL;
         }
-        return lapse__store_sqlite_open(path, rc, err);
+        /* A new database file is switched to WAL by whoever opens it first; processes
+         * that open it at that moment find it locked, briefly. */
+        lapse_store_t *store = NULL;
+        for (unsigned attempt = 0; attempt < OPEN_ATTEMPTS; attempt++) {
+            store = lapse__store_sqlite_open(path, rc, err);
+            if (store != NULL || *rc != LAPSE_ERR_STORE_BUSY) {
+                break;
+            }
+            lapse__sleep_ms(lapse__backoff_ms(attempt, 20, 1000), NULL);
+        }
+        return store;
     }
     if (has_prefix(uri, "postgres://") || has_prefix(uri, "postgresql://")) {
         *rc = lapse_error_set(err, LAPSE_ERR_CONFIG_STORE,

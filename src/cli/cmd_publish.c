@@ -69,7 +69,7 @@ static lapse_publisher_t *open_publisher(cli_t *cli, lapse_store_t *store,
         if (pub) {
             return pub;
         }
-        if (!lapse_status_is_retriable(rc)) {
+        if (!lapse_status_is_retriable(rc) || attempt + 1 == CONNECT_TRIES) {
             break;
         }
         unsigned delay = 250u << attempt;

@@ -167,6 +167,48 @@ int h_lapse(h_ctx_t *h, char *out, size_t cap, ...)
     return code;
 }
 
+int h_run(h_ctx_t *h, char *out, size_t cap, ...)
+{
+    char *argv[64];
+    size_t n = 0;
+    argv[n++] = (char *)h->bin;
+    va_list ap;
+    va_start(ap, cap);
+    for (const char *a; (a = va_arg(ap, const char *)) != NULL && n < 63;) {
+        argv[n++] = (char *)a;
+    }
+    va_end(ap);
+    argv[n] = NULL;
+    char tmpl[PATH_MAX + 32];
+    snprintf(tmpl, sizeof tmpl, "%s/out.XXXXXX", h->dir);
+    int fd = mkstemp(tmpl);
+    if (fd < 0) {
+        die("mkstemp: %s", strerror(errno));
+    }
+    char err_path[PATH_MAX + 64];
+    snprintf(err_path, sizeof err_path, "%s/cli.log", h->dir);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+    posix_spawn_file_actions_adddup2(&fa, fd, 1);
+    posix_spawn_file_actions_addopen(&fa, 2, err_path, O_WRONLY | O_CREAT | O_APPEND, 0644);
+    pid_t pid;
+    int rc = posix_spawn(&pid, h->bin, &fa, NULL, argv, environ);
+    posix_spawn_file_actions_destroy(&fa);
+    if (rc != 0) {
+        die("spawn %s: %s", h->bin, strerror(rc));
+    }
+    int code = h_stop(pid, 0, h_ms(120000));
+    if (out && cap > 0) {
+        lseek(fd, 0, SEEK_SET);
+        ssize_t got = read(fd, out, cap - 1);
+        out[got > 0 ? got : 0] = '\0';
+    }
+    close(fd);
+    unlink(tmpl);
+    return code;
+}
+
 pid_t h_spawn_consumer(h_ctx_t *h, const char *log, const char *const *extra)
 {
     const char *args[16] = {"consume"};

@@ -48,6 +48,10 @@ void h_teardown(h_ctx_t *h);
  * stderr appended to <dir>/cli.log. Returns the exit code (-1 when it did not exit). */
 int h_lapse(h_ctx_t *h, char *out, size_t cap, ...);
 
+/* Like h_lapse, but runs `lapse args...` exactly as given: no global flags are added, so
+ * the environment and the built-in defaults apply (NULL-terminated). */
+int h_run(h_ctx_t *h, char *out, size_t cap, ...);
+
 /* Start `lapse <global flags> consume [extra...]` in the background, stderr into
  * <dir>/<log>. extra may be NULL. */
 pid_t h_spawn_consumer(h_ctx_t *h, const char *log, const char *const *extra);
