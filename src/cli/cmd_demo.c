@@ -75,7 +75,7 @@ static void show_holds(lapse_store_t *store, demo_order_t *o)
     lapse_order_init(&order);
     if (lapse_store_get(store, o->id, &order, NULL) == LAPSE_OK) {
         for (size_t i = 0; i < order.n_holds; i++) {
-            printf("%s%s", i ? ", " : "  released ", order.holds[i]);
+            printf("%s%s", i ? ", " : " released ", order.holds[i]);
         }
     }
     lapse_order_clear(&order);
@@ -105,9 +105,12 @@ static void poll_orders(lapse_store_t *store, demo_order_t *orders, size_t n, in
 
 int cmd_demo(cli_t *cli, int argc, char **argv)
 {
-    if (cli_wants_help(argc, argv) || argc != 1) {
-        fputs(usage, argc == 1 ? stdout : stderr);
-        return argc == 1 ? CLI_EXIT_OK : CLI_EXIT_USAGE;
+    if (cli_wants_help(argc, argv)) {
+        fputs(usage, stdout);
+        return CLI_EXIT_OK;
+    }
+    if (argc != 1) {
+        return cli_usage_error("demo", usage, "unexpected argument '%s'", argv[1]);
     }
     int64_t windows[2];
     char classes[256];
@@ -204,10 +207,11 @@ int cmd_demo(cli_t *cli, int argc, char **argv)
                 o->paid_tried = 1;
                 rc = lapse_store_pay(store, o->id, lapse_clock_now_ms(), &err);
                 printf("[%6.2fs] %-22s PAY     %s\n", elapsed(t0) / 1000.0, o->name,
-                       rc == LAPSE_OK ? "accepted: paid in time"
-                                      : rc == LAPSE_ERR_STORE_LAPSED
-                                            ? "refused: the payment window has lapsed"
-                                            : lapse_strerror(rc));
+                       rc == LAPSE_OK                 ? "accepted: paid in time"
+                       : rc == LAPSE_ERR_STORE_LAPSED ? "refused: the window has lapsed"
+                       : rc == LAPSE_ERR_STORE_STATE
+                           ? "refused: already cancelled when its window lapsed"
+                           : lapse_strerror(rc));
                 if (rc == LAPSE_OK) {
                     o->seen = LAPSE_ORDER_PAID;
                 }
