@@ -5,8 +5,7 @@
 #include <stdlib.h>
 #include <time.h>
 
-int64_t lapse__backoff_ms(unsigned attempt, int64_t base_ms, int64_t cap_ms)
-{
+int64_t lapse__backoff_ms(unsigned attempt, int64_t base_ms, int64_t cap_ms) {
     int64_t ceiling = base_ms;
     for (unsigned i = 0; i < attempt && ceiling < cap_ms; i++) {
         ceiling *= 2;
@@ -20,8 +19,7 @@ int64_t lapse__backoff_ms(unsigned attempt, int64_t base_ms, int64_t cap_ms)
     return base_ms + (span > 0 ? (int64_t)(random() % (span + 1)) : 0);
 }
 
-bool lapse__sleep_ms(int64_t ms, const volatile sig_atomic_t *stop)
-{
+bool lapse__sleep_ms(int64_t ms, const volatile sig_atomic_t *stop) {
     while (ms > 0) {
         if (stop && *stop) {
             return false;

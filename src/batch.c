@@ -10,16 +10,14 @@
 #define HOLDS_MAX 64
 
 static lapse_status_t fail(lapse_batch_line_t *out, json_t *root, lapse_status_t code,
-                           lapse_error_t *err, const char *text)
-{
+                           lapse_error_t *err, const char *text) {
     json_decref(root);
     memset(out, 0, sizeof *out);
     return lapse_error_set(err, code, "%s", text);
 }
 
 lapse_status_t lapse_batch_line_parse(const char *line, size_t len, int64_t now_ms,
-                                      lapse_batch_line_t *out, lapse_error_t *err)
-{
+                                      lapse_batch_line_t *out, lapse_error_t *err) {
     memset(out, 0, sizeof *out);
     if (len > LAPSE_MSG_MAX_BODY) {
         return lapse_error_set(err, LAPSE_ERR_MSG_TOO_LARGE, "line longer than %d bytes",
@@ -28,23 +26,24 @@ lapse_status_t lapse_batch_line_parse(const char *line, size_t len, int64_t now_
     json_error_t jerr;
     json_t *root = json_loadb(line, len, JSON_REJECT_DUPLICATES, &jerr);
     if (!root || !json_is_object(root)) {
-        return fail(out, root, LAPSE_ERR_MSG_JSON, err, root ? "not a JSON object" : jerr.text);
+        return fail(out, root, LAPSE_ERR_MSG_JSON, err,
+                    root ? "not a JSON object" : jerr.text);
     }
     const char *key;
     json_t *value;
-    json_object_foreach(root, key, value)
-    {
+    json_object_foreach(root, key, value) {
         if (strcmp(key, "order_id") != 0 && strcmp(key, "timeout") != 0 &&
             strcmp(key, "deadline") != 0 && strcmp(key, "holds") != 0) {
-            lapse_status_t rc = lapse_error_set(err, LAPSE_ERR_MSG_FIELD,
-                                                "unknown field \"%.40s\"", key);
+            lapse_status_t rc =
+                lapse_error_set(err, LAPSE_ERR_MSG_FIELD, "unknown field \"%.40s\"", key);
             json_decref(root);
             return rc;
         }
     }
     json_t *id = json_object_get(root, "order_id");
     if (!json_is_string(id)) {
-        return fail(out, root, LAPSE_ERR_MSG_FIELD, err, "\"order_id\" missing or not a string");
+        return fail(out, root, LAPSE_ERR_MSG_FIELD, err,
+                    "\"order_id\" missing or not a string");
     }
     if (!lapse_order_id_is_valid(json_string_value(id), json_string_length(id))) {
         return fail(out, root, LAPSE_ERR_MSG_ORDER_ID, err,
@@ -60,7 +59,8 @@ lapse_status_t lapse_batch_line_parse(const char *line, size_t len, int64_t now_
     }
     if (timeout) {
         if (!json_is_string(timeout) ||
-            lapse_duration_parse(json_string_value(timeout), &out->timeout_ms) != LAPSE_OK) {
+            lapse_duration_parse(json_string_value(timeout), &out->timeout_ms) !=
+                LAPSE_OK) {
             return fail(out, root, LAPSE_ERR_CONFIG_DURATION, err,
                         "\"timeout\" must be a duration such as \"30m\"");
         }
@@ -99,8 +99,7 @@ lapse_status_t lapse_batch_line_parse(const char *line, size_t len, int64_t now_
     return LAPSE_OK;
 }
 
-void lapse_batch_line_clear(lapse_batch_line_t *line)
-{
+void lapse_batch_line_clear(lapse_batch_line_t *line) {
     if (!line) {
         return;
     }

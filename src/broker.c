@@ -9,8 +9,7 @@
 
 #define CONFIRM_WAIT_MS 30000 /* a full window waits this long for the broker */
 
-amqp_table_entry_t lapse__entry_str(const char *k, const char *v)
-{
+amqp_table_entry_t lapse__entry_str(const char *k, const char *v) {
     amqp_table_entry_t e;
     e.key = amqp_cstring_bytes(k);
     e.value.kind = AMQP_FIELD_KIND_UTF8;
@@ -18,8 +17,7 @@ amqp_table_entry_t lapse__entry_str(const char *k, const char *v)
     return e;
 }
 
-amqp_table_entry_t lapse__entry_i64(const char *k, int64_t v)
-{
+amqp_table_entry_t lapse__entry_i64(const char *k, int64_t v) {
     amqp_table_entry_t e;
     e.key = amqp_cstring_bytes(k);
     e.value.kind = AMQP_FIELD_KIND_I64;
@@ -27,8 +25,7 @@ amqp_table_entry_t lapse__entry_i64(const char *k, int64_t v)
     return e;
 }
 
-void lapse__bytes_to_str(amqp_bytes_t bytes, char *buf, size_t cap)
-{
+void lapse__bytes_to_str(amqp_bytes_t bytes, char *buf, size_t cap) {
     size_t n = bytes.len < cap - 1 ? bytes.len : cap - 1;
     if (n > 0) {
         memcpy(buf, bytes.bytes, n);
@@ -38,20 +35,18 @@ void lapse__bytes_to_str(amqp_bytes_t bytes, char *buf, size_t cap)
 
 static lapse_status_t server_close(lapse__broker_t *broker, const char *what,
                                    uint16_t code, amqp_bytes_t text, bool connection,
-                                   lapse_error_t *err)
-{
+                                   lapse_error_t *err) {
     char reply[128];
     lapse__bytes_to_str(text, reply, sizeof reply);
     broker->open = false;
-    lapse_status_t rc = code == 403 && connection ? LAPSE_ERR_BROKER_LOGIN
-                                                   : LAPSE_ERR_BROKER_CLOSED;
+    lapse_status_t rc =
+        code == 403 && connection ? LAPSE_ERR_BROKER_LOGIN : LAPSE_ERR_BROKER_CLOSED;
     return lapse_error_set(err, rc, "%s: broker closed the %s: %u %s", what,
                            connection ? "connection" : "channel", code, reply);
 }
 
 lapse_status_t lapse__broker_reply(lapse__broker_t *broker, amqp_rpc_reply_t reply,
-                                   const char *what, lapse_error_t *err)
-{
+                                   const char *what, lapse_error_t *err) {
     switch (reply.reply_type) {
         case AMQP_RESPONSE_NORMAL:
             return LAPSE_OK;
@@ -86,8 +81,7 @@ lapse_status_t lapse__broker_reply(lapse__broker_t *broker, amqp_rpc_reply_t rep
 lapse_status_t lapse__broker_open(lapse__broker_t *broker, const lapse_config_t *cfg,
                                   const char *conn_name, size_t window,
                                   lapse__settle_cb settle_cb, void *settle_opaque,
-                                  lapse_error_t *err)
-{
+                                  lapse_error_t *err) {
     memset(broker, 0, sizeof *broker);
     broker->cfg = cfg;
     broker->next_tag = 1;
@@ -127,7 +121,8 @@ lapse_status_t lapse__broker_open(lapse__broker_t *broker, const lapse_config_t 
         broker->conn, cfg->vhost, 0, AMQP_DEFAULT_FRAME_SIZE, cfg->heartbeat, &props,
         AMQP_SASL_METHOD_PLAIN, cfg->user, cfg->password);
     lapse_status_t rc = lapse__broker_reply(broker, reply, "login", err);
-    if (rc == LAPSE_ERR_BROKER_CLOSED && reply.reply_type != AMQP_RESPONSE_SERVER_EXCEPTION) {
+    if (rc == LAPSE_ERR_BROKER_CLOSED &&
+        reply.reply_type != AMQP_RESPONSE_SERVER_EXCEPTION) {
         /* RabbitMQ drops the socket on a bad password before a close method arrives. */
         rc = lapse_error_set(err, LAPSE_ERR_BROKER_LOGIN,
                              "login to vhost '%s' as '%s' refused or connection dropped",
@@ -139,7 +134,8 @@ lapse_status_t lapse__broker_open(lapse__broker_t *broker, const lapse_config_t 
     }
     broker->open = true;
     amqp_channel_open(broker->conn, LAPSE__CHANNEL);
-    rc = lapse__broker_reply(broker, amqp_get_rpc_reply(broker->conn), "channel.open", err);
+    rc = lapse__broker_reply(broker, amqp_get_rpc_reply(broker->conn), "channel.open",
+                             err);
     if (rc == LAPSE_OK && window > 0) {
         amqp_confirm_select(broker->conn, LAPSE__CHANNEL);
         rc = lapse__broker_reply(broker, amqp_get_rpc_reply(broker->conn),
@@ -152,13 +148,11 @@ lapse_status_t lapse__broker_open(lapse__broker_t *broker, const lapse_config_t 
     return rc;
 }
 
-static lapse__pub_slot_t *slot_of(lapse__broker_t *broker, uint64_t tag)
-{
+static lapse__pub_slot_t *slot_of(lapse__broker_t *broker, uint64_t tag) {
     return &broker->slots[tag % broker->window];
 }
 
-static void settle_one(lapse__broker_t *broker, uint64_t tag, lapse_status_t outcome)
-{
+static void settle_one(lapse__broker_t *broker, uint64_t tag, lapse_status_t outcome) {
     lapse__pub_slot_t *slot = slot_of(broker, tag);
     if (slot->tag != tag) {
         return; /* already settled (a late multiple ack) */
@@ -173,8 +167,7 @@ static void settle_one(lapse__broker_t *broker, uint64_t tag, lapse_status_t out
     }
 }
 
-static void advance(lapse__broker_t *broker)
-{
+static void advance(lapse__broker_t *broker) {
     while (broker->first_open < broker->next_tag &&
            slot_of(broker, broker->first_open)->tag != broker->first_open) {
         broker->first_open++;
@@ -182,8 +175,7 @@ static void advance(lapse__broker_t *broker)
 }
 
 static void settle(lapse__broker_t *broker, uint64_t tag, bool multiple,
-                   lapse_status_t outcome)
-{
+                   lapse_status_t outcome) {
     if (tag >= broker->next_tag) {
         return;
     }
@@ -197,8 +189,7 @@ static void settle(lapse__broker_t *broker, uint64_t tag, bool multiple,
     advance(broker);
 }
 
-static void mark_returned(lapse__broker_t *broker, const char *key)
-{
+static void mark_returned(lapse__broker_t *broker, const char *key) {
     bool matched = false;
     for (uint64_t t = broker->first_open; t < broker->next_tag; t++) {
         lapse__pub_slot_t *slot = slot_of(broker, t);
@@ -222,8 +213,7 @@ static void mark_returned(lapse__broker_t *broker, const char *key)
 
 /* Read and handle one frame on a confirm-mode connection; *got says whether one came. */
 static lapse_status_t pump(lapse__broker_t *broker, int64_t timeout_ms, bool *got,
-                           lapse_error_t *err)
-{
+                           lapse_error_t *err) {
     struct timeval tv = {.tv_sec = timeout_ms / 1000,
                          .tv_usec = (suseconds_t)((timeout_ms % 1000) * 1000)};
     amqp_frame_t frame;
@@ -288,14 +278,12 @@ static lapse_status_t pump(lapse__broker_t *broker, int64_t timeout_ms, bool *go
     }
 }
 
-size_t lapse__broker_unsettled(const lapse__broker_t *broker)
-{
+size_t lapse__broker_unsettled(const lapse__broker_t *broker) {
     return (size_t)(broker->next_tag - broker->first_open);
 }
 
 lapse_status_t lapse__broker_wait_confirms(lapse__broker_t *broker, int64_t timeout_ms,
-                                           lapse_error_t *err)
-{
+                                           lapse_error_t *err) {
     int64_t waited = 0;
     while (lapse__broker_unsettled(broker) > 0) {
         if (!broker->open) {
@@ -303,9 +291,9 @@ lapse_status_t lapse__broker_wait_confirms(lapse__broker_t *broker, int64_t time
                                    "connection lost with publishes unconfirmed");
         }
         if (waited >= timeout_ms) {
-            return lapse_error_set(err, LAPSE_ERR_BROKER_TIMEOUT,
-                                   "%zu publishes unconfirmed after %lld ms",
-                                   lapse__broker_unsettled(broker), (long long)timeout_ms);
+            return lapse_error_set(
+                err, LAPSE_ERR_BROKER_TIMEOUT, "%zu publishes unconfirmed after %lld ms",
+                lapse__broker_unsettled(broker), (long long)timeout_ms);
         }
         bool got;
         int64_t step = timeout_ms - waited < 1000 ? timeout_ms - waited : 1000;
@@ -324,8 +312,7 @@ lapse_status_t lapse__broker_publish(lapse__broker_t *broker, const char *exchan
                                      const char *routing_key, bool mandatory,
                                      const amqp_basic_properties_t *props,
                                      const void *body, size_t len, const char *key,
-                                     uint64_t *tag, lapse_error_t *err)
-{
+                                     uint64_t *tag, lapse_error_t *err) {
     if (!broker->open) {
         return lapse_error_set(err, LAPSE_ERR_BROKER_CLOSED, "publish: not connected");
     }
@@ -346,8 +333,9 @@ lapse_status_t lapse__broker_publish(lapse__broker_t *broker, const char *exchan
         }
     }
     amqp_bytes_t bytes = {.len = len, .bytes = (void *)body};
-    int st = amqp_basic_publish(broker->conn, LAPSE__CHANNEL, amqp_cstring_bytes(exchange),
-                                amqp_cstring_bytes(routing_key), mandatory, 0, props, bytes);
+    int st =
+        amqp_basic_publish(broker->conn, LAPSE__CHANNEL, amqp_cstring_bytes(exchange),
+                           amqp_cstring_bytes(routing_key), mandatory, 0, props, bytes);
     if (st != AMQP_STATUS_OK) {
         broker->open = false;
         return lapse_error_set(err, LAPSE_ERR_BROKER_CLOSED, "publish to %s: %s",
@@ -367,8 +355,7 @@ lapse_status_t lapse__broker_publish(lapse__broker_t *broker, const char *exchan
     return LAPSE_OK;
 }
 
-void lapse__broker_close(lapse__broker_t *broker)
-{
+void lapse__broker_close(lapse__broker_t *broker) {
     if (broker->confirms) {
         for (uint64_t t = broker->first_open; t < broker->next_tag; t++) {
             settle_one(broker, t, LAPSE_ERR_BROKER_CLOSED);

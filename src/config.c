@@ -417,7 +417,6 @@ const lapse__class_t *lapse__config_find_class(const lapse_config_t *cfg,
     return NULL;
 }
 
-bool lapse_config_has_class(const lapse_config_t *cfg, int64_t ttl_ms)
-{
+bool lapse_config_has_class(const lapse_config_t *cfg, int64_t ttl_ms) {
     return lapse__config_find_class(cfg, ttl_ms) != NULL;
 }

@@ -24,7 +24,7 @@ typedef struct delivery {
     lapse_expiry_msg_t msg;
     action_t action;
     int64_t deadline_ms; /* the deadline to wait for (early) */
-    char reason[256]; /* why it is parked */
+    char reason[256];    /* why it is parked */
 } delivery_t;
 
 struct lapse_consumer {
@@ -44,8 +44,7 @@ struct lapse_consumer {
     lapse_consumer_stats_t stats;
 };
 
-static void on_settle(void *opaque, uint64_t tag, lapse_status_t outcome)
-{
+static void on_settle(void *opaque, uint64_t tag, lapse_status_t outcome) {
     (void)tag;
     lapse_consumer_t *c = opaque;
     if (outcome != LAPSE_OK && c->out_failure == LAPSE_OK) {
@@ -54,8 +53,7 @@ static void on_settle(void *opaque, uint64_t tag, lapse_status_t outcome)
 }
 
 lapse_consumer_t *lapse_consumer_new(const lapse_config_t *cfg, lapse_store_t *store,
-                                     lapse_status_t *rc, lapse_error_t *err)
-{
+                                     lapse_status_t *rc, lapse_error_t *err) {
     lapse_consumer_t *c = calloc(1, sizeof *c);
     if (!c) {
         *rc = lapse_error_set(err, LAPSE_ERR_NOMEM, "consumer");
@@ -67,7 +65,8 @@ lapse_consumer_t *lapse_consumer_new(const lapse_config_t *cfg, lapse_store_t *s
     c->batch = calloc(c->cap, sizeof *c->batch);
     c->items = calloc(c->cap, sizeof *c->items);
     c->item_of = calloc(c->cap, sizeof *c->item_of);
-    c->seqs = calloc(c->cap > EVENTS_AT_START ? c->cap : EVENTS_AT_START, sizeof *c->seqs);
+    c->seqs =
+        calloc(c->cap > EVENTS_AT_START ? c->cap : EVENTS_AT_START, sizeof *c->seqs);
     if (!c->batch || !c->items || !c->item_of || !c->seqs) {
         lapse_consumer_free(c);
         *rc = lapse_error_set(err, LAPSE_ERR_NOMEM, "consumer batch");
@@ -78,13 +77,11 @@ lapse_consumer_t *lapse_consumer_new(const lapse_config_t *cfg, lapse_store_t *s
     return c;
 }
 
-void lapse_consumer_get_stats(const lapse_consumer_t *c, lapse_consumer_stats_t *out)
-{
+void lapse_consumer_get_stats(const lapse_consumer_t *c, lapse_consumer_stats_t *out) {
     *out = c->stats;
 }
 
-static void drop_batch(lapse_consumer_t *c)
-{
+static void drop_batch(lapse_consumer_t *c) {
     for (size_t i = 0; i < c->n; i++) {
         amqp_destroy_envelope(&c->batch[i].env);
     }
@@ -94,8 +91,7 @@ static void drop_batch(lapse_consumer_t *c)
     }
 }
 
-void lapse_consumer_free(lapse_consumer_t *c)
-{
+void lapse_consumer_free(lapse_consumer_t *c) {
     if (!c) {
         return;
     }
@@ -112,8 +108,7 @@ void lapse_consumer_free(lapse_consumer_t *c)
 }
 
 /* Log values must stay one token: quotes in reasons become apostrophes. */
-static void sanitize(char *text)
-{
+static void sanitize(char *text) {
     for (char *p = text; *p; p++) {
         if (*p == '"' || *p == '\n' || *p == '\r') {
             *p = '\'';
@@ -122,8 +117,7 @@ static void sanitize(char *text)
 }
 
 /* Handle a frame that is not a delivery on the consuming connection. */
-static lapse_status_t unexpected_frame(lapse_consumer_t *c, lapse_error_t *err)
-{
+static lapse_status_t unexpected_frame(lapse_consumer_t *c, lapse_error_t *err) {
     amqp_frame_t frame;
     int st = amqp_simple_wait_frame(c->in.conn, &frame);
     if (st != AMQP_STATUS_OK) {
@@ -140,7 +134,8 @@ static lapse_status_t unexpected_frame(lapse_consumer_t *c, lapse_error_t *err)
             char text[128];
             lapse__bytes_to_str(m->reply_text, text, sizeof text);
             amqp_channel_close_ok_t ok = {0};
-            amqp_send_method(c->in.conn, frame.channel, AMQP_CHANNEL_CLOSE_OK_METHOD, &ok);
+            amqp_send_method(c->in.conn, frame.channel, AMQP_CHANNEL_CLOSE_OK_METHOD,
+                             &ok);
             c->in.open = false;
             return lapse_error_set(err, LAPSE_ERR_BROKER_CLOSED,
                                    "consume: broker closed the channel: %u %s",
@@ -168,8 +163,7 @@ static lapse_status_t unexpected_frame(lapse_consumer_t *c, lapse_error_t *err)
 
 /* Wait for one delivery (up to IDLE_WAIT_MS), then take more for up to BATCH_WINDOW_MS
  * or until the batch holds prefetch deliveries. */
-static lapse_status_t collect(lapse_consumer_t *c, lapse_error_t *err)
-{
+static lapse_status_t collect(lapse_consumer_t *c, lapse_error_t *err) {
     int64_t started = 0;
     while (c->n < c->cap) {
         int64_t wait_ms = IDLE_WAIT_MS;
@@ -207,8 +201,7 @@ static lapse_status_t collect(lapse_consumer_t *c, lapse_error_t *err)
 }
 
 /* Headers lapse sets when parking; a replayed and re-parked message gets fresh ones. */
-static bool is_own_header(amqp_bytes_t key)
-{
+static bool is_own_header(amqp_bytes_t key) {
     static const char *const own[] = {LAPSE_HDR_REASON, "x-lapse-parked-at-ms"};
     for (size_t i = 0; i < sizeof own / sizeof own[0]; i++) {
         if (key.len == strlen(own[i]) && memcmp(key.bytes, own[i], key.len) == 0) {
@@ -218,12 +211,11 @@ static bool is_own_header(amqp_bytes_t key)
     return false;
 }
 
-static lapse_status_t park(lapse_consumer_t *c, delivery_t *d, lapse_error_t *err)
-{
+static lapse_status_t park(lapse_consumer_t *c, delivery_t *d, lapse_error_t *err) {
     /* The parked copy keeps the body and properties and adds why it was parked. */
     amqp_basic_properties_t props = d->env.message.properties;
-    amqp_table_t old = (props._flags & AMQP_BASIC_HEADERS_FLAG) ? props.headers
-                                                                 : amqp_empty_table;
+    amqp_table_t old =
+        (props._flags & AMQP_BASIC_HEADERS_FLAG) ? props.headers : amqp_empty_table;
     amqp_table_entry_t *entries = calloc((size_t)old.num_entries + 2, sizeof *entries);
     if (!entries) {
         return lapse_error_set(err, LAPSE_ERR_NOMEM, "park headers");
@@ -244,22 +236,24 @@ static lapse_status_t park(lapse_consumer_t *c, delivery_t *d, lapse_error_t *er
     if (props._flags & AMQP_BASIC_MESSAGE_ID_FLAG) {
         lapse__bytes_to_str(props.message_id, key, sizeof key);
     }
-    lapse_status_t rc = lapse__broker_publish(
-        &c->out, c->topo.parked_exchange, "", true, &props, d->env.message.body.bytes,
-        d->env.message.body.len, key, NULL, err);
+    lapse_status_t rc = lapse__broker_publish(&c->out, c->topo.parked_exchange, "", true,
+                                              &props, d->env.message.body.bytes,
+                                              d->env.message.body.len, key, NULL, err);
     free(entries);
     return rc;
 }
 
 /* Classify every delivery; cancel the due ones in one transaction. */
-static lapse_status_t decide(lapse_consumer_t *c, int64_t now, const volatile sig_atomic_t *stop,
-                             lapse_error_t *err)
-{
+static lapse_status_t decide(lapse_consumer_t *c, int64_t now,
+                             const volatile sig_atomic_t *stop, lapse_error_t *err) {
     size_t n_items = 0;
     for (size_t i = 0; i < c->n; i++) {
         delivery_t *d = &c->batch[i];
         lapse_error_t derr = {0};
         amqp_bytes_t body = d->env.message.body;
+        /* Slots are reused across batches and decode leaves msg alone on failure: clear
+         * it, or a parked line would name the order of an earlier delivery. */
+        memset(&d->msg, 0, sizeof d->msg);
         if (lapse_expiry_msg_decode(body.bytes, body.len, &d->msg, &derr) != LAPSE_OK) {
             d->action = ACT_PARK;
             snprintf(d->reason, sizeof d->reason, "%s: %s", lapse_status_name(derr.code),
@@ -282,7 +276,8 @@ static lapse_status_t decide(lapse_consumer_t *c, int64_t now, const volatile si
         lapse__log(c->cfg, LAPSE_LOG_WARN, "event=store_retry op=cancel attempt=%u",
                    attempt + 1);
         if (!lapse__sleep_ms(lapse__backoff_ms(attempt, 50, 5000), stop)) {
-            return lapse_error_set(err, LAPSE_ERR_STOPPED, "stopped while the store was busy");
+            return lapse_error_set(err, LAPSE_ERR_STOPPED,
+                                   "stopped while the store was busy");
         }
     }
     if (rc != LAPSE_OK) {
@@ -326,8 +321,7 @@ static lapse_status_t decide(lapse_consumer_t *c, int64_t now, const volatile si
 }
 
 /* Publish the parked and re-held deliveries; all must be confirmed before the ack. */
-static lapse_status_t forward(lapse_consumer_t *c, int64_t now, lapse_error_t *err)
-{
+static lapse_status_t forward(lapse_consumer_t *c, int64_t now, lapse_error_t *err) {
     char exchange[LAPSE__NAME_MAX];
     snprintf(exchange, sizeof exchange, "%s", c->topo.hold_exchange);
     lapse_status_t rc = LAPSE_OK;
@@ -367,8 +361,7 @@ static lapse_status_t forward(lapse_consumer_t *c, int64_t now, lapse_error_t *e
     return rc;
 }
 
-static int publish_event(void *opaque, const lapse_event_t *ev)
-{
+static int publish_event(void *opaque, const lapse_event_t *ev) {
     lapse_consumer_t *c = opaque;
     amqp_basic_properties_t props;
     memset(&props, 0, sizeof props);
@@ -396,9 +389,8 @@ static int publish_event(void *opaque, const lapse_event_t *ev)
  * confirmed, then
  * mark them published. A crash in between re-publishes them: the event id stays the
  * same, so downstream deduplicates. */
-static lapse_status_t publish_events(lapse_consumer_t *c, const int64_t *only, size_t n_only,
-                                     size_t limit, lapse_error_t *err)
-{
+static lapse_status_t publish_events(lapse_consumer_t *c, const int64_t *only,
+                                     size_t n_only, size_t limit, lapse_error_t *err) {
     c->n_seqs = 0;
     lapse_status_t rc =
         lapse_store_events_pending(c->store, limit, only, n_only, publish_event, c, err);
@@ -420,8 +412,7 @@ static lapse_status_t publish_events(lapse_consumer_t *c, const int64_t *only, s
 }
 
 static lapse_status_t process(lapse_consumer_t *c, const volatile sig_atomic_t *stop,
-                              lapse_error_t *err)
-{
+                              lapse_error_t *err) {
     int64_t now = lapse_clock_now_ms();
     c->stats.deliveries += c->n;
     lapse_status_t rc = decide(c, now, stop, err);
@@ -448,22 +439,24 @@ static lapse_status_t process(lapse_consumer_t *c, const volatile sig_atomic_t *
     return rc;
 }
 
-static lapse_status_t connect_all(lapse_consumer_t *c, lapse_error_t *err)
-{
+static lapse_status_t connect_all(lapse_consumer_t *c, lapse_error_t *err) {
     char name[96];
     char host[64] = "?";
     gethostname(host, sizeof host - 1);
     snprintf(name, sizeof name, "lapse consume %s/%d", host, (int)getpid());
-    lapse_status_t rc = lapse__broker_open(&c->out, c->cfg, name, WINDOW, on_settle, c, err);
+    lapse_status_t rc =
+        lapse__broker_open(&c->out, c->cfg, name, WINDOW, on_settle, c, err);
     if (rc == LAPSE_OK) {
         rc = lapse__broker_open(&c->in, c->cfg, name, 0, NULL, NULL, err);
     }
     if (rc == LAPSE_OK) {
         amqp_basic_qos(c->in.conn, LAPSE__CHANNEL, 0, (uint16_t)c->cfg->prefetch, 0);
-        rc = lapse__broker_reply(&c->in, amqp_get_rpc_reply(c->in.conn), "basic.qos", err);
+        rc =
+            lapse__broker_reply(&c->in, amqp_get_rpc_reply(c->in.conn), "basic.qos", err);
     }
     if (rc == LAPSE_OK) {
-        amqp_basic_consume(c->in.conn, LAPSE__CHANNEL, amqp_cstring_bytes(c->topo.expired_queue),
+        amqp_basic_consume(c->in.conn, LAPSE__CHANNEL,
+                           amqp_cstring_bytes(c->topo.expired_queue),
                            amqp_cstring_bytes(name), 0, 0, 0, amqp_empty_table);
         rc = lapse__broker_reply(&c->in, amqp_get_rpc_reply(c->in.conn),
                                  "consume from the expired queue", err);
@@ -472,8 +465,7 @@ static lapse_status_t connect_all(lapse_consumer_t *c, lapse_error_t *err)
 }
 
 static lapse_status_t session(lapse_consumer_t *c, const volatile sig_atomic_t *stop,
-                              bool *progress, lapse_error_t *err)
-{
+                              bool *progress, lapse_error_t *err) {
     lapse_status_t rc = connect_all(c, err);
     if (rc == LAPSE_OK) {
         lapse__log(c->cfg, LAPSE_LOG_INFO, "event=consuming queue=%s prefetch=%d",
@@ -497,8 +489,7 @@ static lapse_status_t session(lapse_consumer_t *c, const volatile sig_atomic_t *
 }
 
 lapse_status_t lapse_consumer_run(lapse_consumer_t *c, const volatile sig_atomic_t *stop,
-                                  lapse_error_t *err)
-{
+                                  lapse_error_t *err) {
     unsigned attempt = 0;
     while (!*stop) {
         bool progress = false;

@@ -42,22 +42,23 @@ struct lapse_publisher {
 };
 
 lapse_status_t lapse__publish_expiry(lapse__broker_t *broker, const char *exchange,
-                                     const char *routing_key, const lapse_expiry_msg_t *msg,
-                                     int64_t expiration_ms, uint64_t *tag,
-                                     lapse_error_t *err)
-{
+                                     const char *routing_key,
+                                     const lapse_expiry_msg_t *msg, int64_t expiration_ms,
+                                     uint64_t *tag, lapse_error_t *err) {
     char body[LAPSE_ORDER_ID_MAX + 160];
     size_t len;
     lapse_status_t rc = lapse_expiry_msg_encode(msg, body, sizeof body, &len);
     if (rc != LAPSE_OK) {
         return lapse_error_set(err, rc, "encode %s", msg->order_id);
     }
-    amqp_table_entry_t headers[1] = {lapse__entry_i64(LAPSE_HDR_DEADLINE, msg->deadline_ms)};
+    amqp_table_entry_t headers[1] = {
+        lapse__entry_i64(LAPSE_HDR_DEADLINE, msg->deadline_ms)};
     amqp_basic_properties_t props;
     memset(&props, 0, sizeof props);
     props._flags = AMQP_BASIC_CONTENT_TYPE_FLAG | AMQP_BASIC_DELIVERY_MODE_FLAG |
                    AMQP_BASIC_MESSAGE_ID_FLAG | AMQP_BASIC_TIMESTAMP_FLAG |
-                   AMQP_BASIC_APP_ID_FLAG | AMQP_BASIC_TYPE_FLAG | AMQP_BASIC_HEADERS_FLAG;
+                   AMQP_BASIC_APP_ID_FLAG | AMQP_BASIC_TYPE_FLAG |
+                   AMQP_BASIC_HEADERS_FLAG;
     props.content_type = amqp_cstring_bytes("application/json");
     props.delivery_mode = AMQP_DELIVERY_PERSISTENT;
     props.message_id = amqp_cstring_bytes(msg->order_id);
@@ -76,8 +77,7 @@ lapse_status_t lapse__publish_expiry(lapse__broker_t *broker, const char *exchan
                                  msg->order_id, tag, err);
 }
 
-static void on_settle(void *opaque, uint64_t tag, lapse_status_t outcome)
-{
+static void on_settle(void *opaque, uint64_t tag, lapse_status_t outcome) {
     lapse_publisher_t *pub = opaque;
     if (tag < pub->first_tag || tag - pub->first_tag >= pub->n) {
         return;
@@ -91,8 +91,7 @@ static void on_settle(void *opaque, uint64_t tag, lapse_status_t outcome)
 
 lapse_publisher_t *lapse_publisher_open(const lapse_config_t *cfg, lapse_store_t *store,
                                         lapse_publish_cb cb, void *opaque,
-                                        lapse_status_t *rc, lapse_error_t *err)
-{
+                                        lapse_status_t *rc, lapse_error_t *err) {
     lapse_publisher_t *pub = calloc(1, sizeof *pub);
     if (pub) {
         pub->batch = calloc(BATCH, sizeof *pub->batch);
@@ -117,8 +116,7 @@ lapse_publisher_t *lapse_publisher_open(const lapse_config_t *cfg, lapse_store_t
     return pub;
 }
 
-static void free_holds(entry_t *e)
-{
+static void free_holds(entry_t *e) {
     for (size_t i = 0; i < e->n_holds; i++) {
         free(e->holds[i]);
     }
@@ -128,8 +126,7 @@ static void free_holds(entry_t *e)
 }
 
 /* Report every entry of the batch to the callback, then empty it. */
-static void report(lapse_publisher_t *pub)
-{
+static void report(lapse_publisher_t *pub) {
     for (size_t i = 0; i < pub->n; i++) {
         entry_t *e = &pub->batch[i];
         if (pub->cb) {
@@ -141,8 +138,7 @@ static void report(lapse_publisher_t *pub)
     pub->n = 0;
 }
 
-static void fail_unsettled(lapse_publisher_t *pub, const lapse_error_t *why)
-{
+static void fail_unsettled(lapse_publisher_t *pub, const lapse_error_t *why) {
     for (size_t i = 0; i < pub->n; i++) {
         entry_t *e = &pub->batch[i];
         if (e->rc == LAPSE_OK && e->tag != 0 && e->tag >= pub->broker.first_open) {
@@ -153,8 +149,7 @@ static void fail_unsettled(lapse_publisher_t *pub, const lapse_error_t *why)
 }
 
 static lapse_status_t store_insert(lapse_publisher_t *pub, lapse_status_t *results,
-                                   lapse_error_t *err)
-{
+                                   lapse_error_t *err) {
     lapse_new_order_t orders[BATCH];
     for (size_t i = 0; i < pub->n; i++) {
         entry_t *e = &pub->batch[i];
@@ -177,8 +172,7 @@ static lapse_status_t store_insert(lapse_publisher_t *pub, lapse_status_t *resul
     return rc;
 }
 
-lapse_status_t lapse_publisher_flush(lapse_publisher_t *pub, lapse_error_t *err)
-{
+lapse_status_t lapse_publisher_flush(lapse_publisher_t *pub, lapse_error_t *err) {
     if (pub->n == 0) {
         return LAPSE_OK;
     }
@@ -224,7 +218,8 @@ lapse_status_t lapse_publisher_flush(lapse_publisher_t *pub, lapse_error_t *err)
         for (size_t i = 0; i < pub->n; i++) {
             if (pub->batch[i].rc == LAPSE_OK && pub->batch[i].tag == 0) {
                 pub->batch[i].rc = rc; /* never published */
-                snprintf(pub->batch[i].reason, sizeof pub->batch[i].reason, "%s", why.text);
+                snprintf(pub->batch[i].reason, sizeof pub->batch[i].reason, "%s",
+                         why.text);
             }
         }
     }
@@ -256,9 +251,9 @@ lapse_status_t lapse_publisher_flush(lapse_publisher_t *pub, lapse_error_t *err)
     return rc;
 }
 
-lapse_status_t lapse_publisher_submit(lapse_publisher_t *pub, const lapse_new_order_t *order,
-                                      int64_t timeout_ms, uint64_t ref, lapse_error_t *err)
-{
+lapse_status_t lapse_publisher_submit(lapse_publisher_t *pub,
+                                      const lapse_new_order_t *order, int64_t timeout_ms,
+                                      uint64_t ref, lapse_error_t *err) {
     const lapse__class_t *cls = lapse__config_find_class(pub->cfg, timeout_ms);
     size_t id_len = order->order_id ? strlen(order->order_id) : 0;
     if (!cls || !lapse_order_id_is_valid(order->order_id, id_len)) {
@@ -294,8 +289,7 @@ lapse_status_t lapse_publisher_submit(lapse_publisher_t *pub, const lapse_new_or
     return pub->n == BATCH ? lapse_publisher_flush(pub, err) : LAPSE_OK;
 }
 
-void lapse_publisher_close(lapse_publisher_t *pub)
-{
+void lapse_publisher_close(lapse_publisher_t *pub) {
     if (!pub) {
         return;
     }

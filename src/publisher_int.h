@@ -13,8 +13,8 @@
  * msg is borrowed. Confirms are reported through the broker's settle callback.
  */
 lapse_status_t lapse__publish_expiry(lapse__broker_t *broker, const char *exchange,
-                                     const char *routing_key, const lapse_expiry_msg_t *msg,
-                                     int64_t expiration_ms, uint64_t *tag,
-                                     lapse_error_t *err);
+                                     const char *routing_key,
+                                     const lapse_expiry_msg_t *msg, int64_t expiration_ms,
+                                     uint64_t *tag, lapse_error_t *err);
 
 #endif

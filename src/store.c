@@ -5,8 +5,8 @@
 
 #include <jansson.h>
 
-#include "store_int.h"
 #include "backoff_int.h"
+#include "store_int.h"
 
 #define OPEN_ATTEMPTS 20
 

@@ -650,8 +650,8 @@ lapse_store_t *lapse__store_sqlite_open(const char *path, lapse_status_t *rc,
     if ((*rc = set_wal(s, err)) != LAPSE_OK) {
         goto fail;
     }
-    src = sqlite3_exec(s->db, "PRAGMA synchronous = FULL; PRAGMA foreign_keys = ON",
-                       NULL, NULL, NULL);
+    src = sqlite3_exec(s->db, "PRAGMA synchronous = FULL; PRAGMA foreign_keys = ON", NULL,
+                       NULL, NULL);
     if (src != SQLITE_OK) {
         *rc = open_fail(s, src, "pragmas", err);
         goto fail;

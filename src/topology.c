@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: MIT
- * The topology as one table, declared on the broker, exported as definitions, inspected. */
+ * The topology as one table, declared on the broker, exported as definitions, inspected.
+ */
 #include "topology_int.h"
 
 #include "broker_int.h"
@@ -9,8 +10,7 @@
 #include <string.h>
 
 static void add_exchange(lapse__topology_t *topo, const char *name, const char *type,
-                         const char *alternate)
-{
+                         const char *alternate) {
     lapse__exchange_def_t *x = &topo->exchanges[topo->n_exchanges++];
     snprintf(x->name, sizeof x->name, "%s", name);
     x->type = type;
@@ -18,8 +18,7 @@ static void add_exchange(lapse__topology_t *topo, const char *name, const char *
 }
 
 static void add_queue(lapse__topology_t *topo, const char *name, int64_t ttl_ms,
-                      const char *dlx, const char *dlrk)
-{
+                      const char *dlx, const char *dlrk) {
     lapse__queue_def_t *q = &topo->queues[topo->n_queues++];
     snprintf(q->name, sizeof q->name, "%s", name);
     q->ttl_ms = ttl_ms;
@@ -28,16 +27,14 @@ static void add_queue(lapse__topology_t *topo, const char *name, int64_t ttl_ms,
 }
 
 static void add_binding(lapse__topology_t *topo, const char *source, const char *dest,
-                        const char *rk)
-{
+                        const char *rk) {
     lapse__binding_def_t *b = &topo->bindings[topo->n_bindings++];
     snprintf(b->source, sizeof b->source, "%s", source);
     snprintf(b->destination, sizeof b->destination, "%s", dest);
     snprintf(b->routing_key, sizeof b->routing_key, "%s", rk);
 }
 
-void lapse__topology_build(const lapse_config_t *cfg, lapse__topology_t *topo)
-{
+void lapse__topology_build(const lapse_config_t *cfg, lapse__topology_t *topo) {
     memset(topo, 0, sizeof *topo);
     const char *p = cfg->prefix;
     snprintf(topo->hold_exchange, LAPSE__NAME_MAX, "%s.hold", p);
@@ -76,8 +73,7 @@ void lapse__topology_build(const lapse_config_t *cfg, lapse__topology_t *topo)
     add_binding(topo, topo->parked_exchange, topo->parked_queue, "");
 }
 
-static amqp_table_t queue_args(const lapse__queue_def_t *q, amqp_table_entry_t e[3])
-{
+static amqp_table_t queue_args(const lapse__queue_def_t *q, amqp_table_entry_t e[3]) {
     amqp_table_t t = {.num_entries = 0, .entries = e};
     if (q->ttl_ms > 0) {
         e[t.num_entries++] = lapse__entry_i64("x-message-ttl", q->ttl_ms);
@@ -91,8 +87,7 @@ static amqp_table_t queue_args(const lapse__queue_def_t *q, amqp_table_entry_t e
     return t;
 }
 
-lapse_status_t lapse_topology_declare(const lapse_config_t *cfg, lapse_error_t *err)
-{
+lapse_status_t lapse_topology_declare(const lapse_config_t *cfg, lapse_error_t *err) {
     lapse__topology_t topo;
     lapse__topology_build(cfg, &topo);
     lapse__broker_t broker;
@@ -134,8 +129,7 @@ lapse_status_t lapse_topology_declare(const lapse_config_t *cfg, lapse_error_t *
     return rc;
 }
 
-char *lapse_topology_export(const lapse_config_t *cfg)
-{
+char *lapse_topology_export(const lapse_config_t *cfg) {
     lapse__topology_t topo;
     lapse__topology_build(cfg, &topo);
     json_t *root = json_object();
@@ -152,10 +146,10 @@ char *lapse_topology_export(const lapse_config_t *cfg)
         if (x->alternate[0]) {
             json_object_set_new(args, "alternate-exchange", json_string(x->alternate));
         }
-        json_array_append_new(
-            exchanges, json_pack("{s:s, s:s, s:s, s:b, s:b, s:b, s:o}", "name", x->name,
-                                 "vhost", "/", "type", x->type, "durable", 1, "auto_delete",
-                                 0, "internal", 0, "arguments", args));
+        json_array_append_new(exchanges, json_pack("{s:s, s:s, s:s, s:b, s:b, s:b, s:o}",
+                                                   "name", x->name, "vhost", "/", "type",
+                                                   x->type, "durable", 1, "auto_delete",
+                                                   0, "internal", 0, "arguments", args));
     }
     for (size_t i = 0; i < topo.n_queues; i++) {
         const lapse__queue_def_t *q = &topo.queues[i];
@@ -169,18 +163,17 @@ char *lapse_topology_export(const lapse_config_t *cfg)
         if (q->dlrk[0]) {
             json_object_set_new(args, "x-dead-letter-routing-key", json_string(q->dlrk));
         }
-        json_array_append_new(queues,
-                              json_pack("{s:s, s:s, s:b, s:b, s:o}", "name", q->name,
-                                        "vhost", "/", "durable", 1, "auto_delete", 0,
-                                        "arguments", args));
+        json_array_append_new(queues, json_pack("{s:s, s:s, s:b, s:b, s:o}", "name",
+                                                q->name, "vhost", "/", "durable", 1,
+                                                "auto_delete", 0, "arguments", args));
     }
     for (size_t i = 0; i < topo.n_bindings; i++) {
         const lapse__binding_def_t *b = &topo.bindings[i];
-        json_array_append_new(
-            bindings, json_pack("{s:s, s:s, s:s, s:s, s:s, s:{}}", "source", b->source,
-                                "vhost", "/", "destination", b->destination,
-                                "destination_type", "queue", "routing_key",
-                                b->routing_key, "arguments"));
+        json_array_append_new(bindings,
+                              json_pack("{s:s, s:s, s:s, s:s, s:s, s:{}}", "source",
+                                        b->source, "vhost", "/", "destination",
+                                        b->destination, "destination_type", "queue",
+                                        "routing_key", b->routing_key, "arguments"));
     }
     char *text = json_dumps(root, JSON_INDENT(2));
     json_decref(root);
@@ -188,21 +181,21 @@ char *lapse_topology_export(const lapse_config_t *cfg)
 }
 
 lapse_status_t lapse_topology_inspect(const lapse_config_t *cfg, lapse_queue_stat_cb cb,
-                                      void *opaque, lapse_error_t *err)
-{
+                                      void *opaque, lapse_error_t *err) {
     lapse__topology_t topo;
     lapse__topology_build(cfg, &topo);
     lapse__broker_t broker;
-    lapse_status_t rc = lapse__broker_open(&broker, cfg, "lapse status", 0, NULL, NULL, err);
+    lapse_status_t rc =
+        lapse__broker_open(&broker, cfg, "lapse status", 0, NULL, NULL, err);
     if (rc != LAPSE_OK) {
         return rc;
     }
     for (size_t i = 0; i < topo.n_queues && rc == LAPSE_OK; i++) {
-        /* A passive declare answers with the live counts; the HTTP API lags by seconds. */
-        amqp_queue_declare_ok_t *ok =
-            amqp_queue_declare(broker.conn, LAPSE__CHANNEL,
-                               amqp_cstring_bytes(topo.queues[i].name), 1, 0, 0, 0,
-                               amqp_empty_table);
+        /* A passive declare answers with the live counts; the HTTP API lags by seconds.
+         */
+        amqp_queue_declare_ok_t *ok = amqp_queue_declare(
+            broker.conn, LAPSE__CHANNEL, amqp_cstring_bytes(topo.queues[i].name), 1, 0, 0,
+            0, amqp_empty_table);
         char what[2 * LAPSE__NAME_MAX + 64];
         snprintf(what, sizeof what, "queue %s (run 'lapse topology declare')",
                  topo.queues[i].name);

@@ -7,19 +7,19 @@
 
 #include <lapse/topology.h>
 
-#define LAPSE__NAME_MAX 96
-#define LAPSE__RK_EXPIRED   "order.expired"
-#define LAPSE__RK_EARLY     "early"
+#define LAPSE__NAME_MAX   96
+#define LAPSE__RK_EXPIRED "order.expired"
+#define LAPSE__RK_EARLY   "early"
 
 typedef struct lapse__exchange_def {
     char name[LAPSE__NAME_MAX];
-    const char *type; /* static */
+    const char *type;                /* static */
     char alternate[LAPSE__NAME_MAX]; /* "" for none */
 } lapse__exchange_def_t;
 
 typedef struct lapse__queue_def {
     char name[LAPSE__NAME_MAX];
-    int64_t ttl_ms; /* queue-level x-message-ttl, 0 for none */
+    int64_t ttl_ms;             /* queue-level x-message-ttl, 0 for none */
     char dlx[LAPSE__NAME_MAX];  /* "" for none */
     char dlrk[LAPSE__NAME_MAX]; /* "" keeps the message's routing key */
 } lapse__queue_def_t;

@@ -12,7 +12,7 @@ typedef struct lapse_batch_line {
     int64_t deadline_ms; /* now + timeout, or the line's "deadline" */
     const char **holds;  /* borrowed from the line; valid until _clear */
     size_t n_holds;
-    void *priv_;         /* owns what holds point into */
+    void *priv_; /* owns what holds point into */
 } lapse_batch_line_t;
 
 /**
@@ -22,8 +22,8 @@ typedef struct lapse_batch_line {
  * @param out  on LAPSE_OK filled; release with lapse_batch_line_clear().
  * @return LAPSE_OK or LAPSE_ERR_MSG_* / LAPSE_ERR_CONFIG_DURATION with err->text.
  */
-LAPSE_API lapse_status_t lapse_batch_line_parse(const char *line, size_t len, int64_t now_ms,
-                                                lapse_batch_line_t *out,
+LAPSE_API lapse_status_t lapse_batch_line_parse(const char *line, size_t len,
+                                                int64_t now_ms, lapse_batch_line_t *out,
                                                 lapse_error_t *err);
 
 /** Release what a successful parse holds; accepts a zeroed struct. */

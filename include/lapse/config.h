@@ -17,15 +17,16 @@ typedef enum lapse_log_level {
 /** Log sink: one line (no newline) of key=value pairs; line is borrowed for the call. */
 typedef void (*lapse_log_cb)(void *opaque, lapse_log_level_t level, const char *line);
 
-/** New config with the defaults of DESIGN.md; free with lapse_config_free(). NULL on OOM. */
+/** New config with the defaults of DESIGN.md; free with lapse_config_free(). NULL on OOM.
+ */
 LAPSE_API lapse_config_t *lapse_config_new(void);
 /** Accepts NULL. */
 LAPSE_API void lapse_config_free(lapse_config_t *cfg);
 
 /**
  * Set a property; value is borrowed (copied). Properties:
- *   amqp_url   amqp://user:pass@host:port/vhost   (default amqp://guest:guest@localhost:5672/%2f)
- *   store      sqlite:PATH                       (default sqlite:lapse.db)
+ *   amqp_url   amqp://user:pass@host:port/vhost   (default
+ * amqp://guest:guest@localhost:5672/%2f) store      sqlite:PATH (default sqlite:lapse.db)
  *   prefix     [A-Za-z0-9_-]{1,48}                (default lapse)
  *   classes    comma-separated durations          (default 30m)
  *   prefetch   1..65535                           (default 200)
@@ -46,6 +47,7 @@ LAPSE_API const char *lapse_config_get(const lapse_config_t *cfg, const char *na
 LAPSE_API bool lapse_config_has_class(const lapse_config_t *cfg, int64_t ttl_ms);
 
 /** Set the log sink (default: none). */
-LAPSE_API void lapse_config_set_log_cb(lapse_config_t *cfg, lapse_log_cb cb, void *opaque);
+LAPSE_API void lapse_config_set_log_cb(lapse_config_t *cfg, lapse_log_cb cb,
+                                       void *opaque);
 
 #endif

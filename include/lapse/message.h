@@ -5,20 +5,20 @@
 
 #include <lapse/lapse.h>
 
-#define LAPSE_ORDER_ID_MAX   128  /* bytes of [A-Za-z0-9._:-] */
-#define LAPSE_MSG_MAX_BODY   4096 /* larger bodies are refused (parked) */
-#define LAPSE_RFC3339_LEN    25   /* "2026-11-30T06:30:00.000Z" plus NUL */
-#define LAPSE_MSG_TYPE       "order.expire"
-#define LAPSE_APP_ID         "lapse"
-#define LAPSE_HDR_DEADLINE   "x-lapse-deadline-ms"
-#define LAPSE_HDR_REASON     "x-lapse-reason"
+#define LAPSE_ORDER_ID_MAX    128  /* bytes of [A-Za-z0-9._:-] */
+#define LAPSE_MSG_MAX_BODY    4096 /* larger bodies are refused (parked) */
+#define LAPSE_RFC3339_LEN     25   /* "2026-11-30T06:30:00.000Z" plus NUL */
+#define LAPSE_MSG_TYPE        "order.expire"
+#define LAPSE_APP_ID          "lapse"
+#define LAPSE_HDR_DEADLINE    "x-lapse-deadline-ms"
+#define LAPSE_HDR_REASON      "x-lapse-reason"
 #define LAPSE_EVENT_CANCELLED "order.cancelled"
 
 /** A decoded expiry message: a plain value, no pointers, nothing to free. */
 typedef struct lapse_expiry_msg {
-    int version;                              /* 1 */
-    char order_id[LAPSE_ORDER_ID_MAX + 1];    /* NUL-terminated */
-    int64_t deadline_ms;                      /* ms since the Unix epoch, UTC */
+    int version;                           /* 1 */
+    char order_id[LAPSE_ORDER_ID_MAX + 1]; /* NUL-terminated */
+    int64_t deadline_ms;                   /* ms since the Unix epoch, UTC */
     int64_t created_at_ms;
 } lapse_expiry_msg_t;
 
@@ -54,7 +54,8 @@ LAPSE_API bool lapse_order_id_is_valid(const char *id, size_t len);
  */
 LAPSE_API lapse_status_t lapse_duration_parse(const char *text, int64_t *out_ms);
 
-/** Shortest exact spelling of ms in the largest unit ("30m", "90s", "1500ms") into buf. */
+/** Shortest exact spelling of ms in the largest unit ("30m", "90s", "1500ms") into buf.
+ */
 LAPSE_API void lapse_duration_format(int64_t ms, char *buf, size_t cap);
 
 /**
@@ -64,7 +65,8 @@ LAPSE_API void lapse_duration_format(int64_t ms, char *buf, size_t cap);
  */
 LAPSE_API lapse_status_t lapse_time_parse_rfc3339(const char *text, int64_t *out_ms);
 
-/** Format ms since the epoch as "YYYY-MM-DDTHH:MM:SS.mmmZ" into buf[LAPSE_RFC3339_LEN]. */
+/** Format ms since the epoch as "YYYY-MM-DDTHH:MM:SS.mmmZ" into buf[LAPSE_RFC3339_LEN].
+ */
 LAPSE_API void lapse_time_format_rfc3339(int64_t ms, char buf[LAPSE_RFC3339_LEN]);
 
 /** Wall-clock time, ms since the epoch (CLOCK_REALTIME) plus the skew set below. */

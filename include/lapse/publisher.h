@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: MIT
- * The publisher: record orders as pending, publish their expiry messages with confirms. */
+ * The publisher: record orders as pending, publish their expiry messages with confirms.
+ */
 #ifndef LAPSE_PUBLISHER_H
 #define LAPSE_PUBLISHER_H
 
@@ -42,7 +43,8 @@ LAPSE_API lapse_status_t lapse_publisher_submit(lapse_publisher_t *pub,
                                                 lapse_error_t *err);
 
 /** Settle everything submitted so far (callbacks called). Same returns as submit. */
-LAPSE_API lapse_status_t lapse_publisher_flush(lapse_publisher_t *pub, lapse_error_t *err);
+LAPSE_API lapse_status_t lapse_publisher_flush(lapse_publisher_t *pub,
+                                               lapse_error_t *err);
 
 /** Close the connection; orders not flushed are not published. Accepts NULL. */
 LAPSE_API void lapse_publisher_close(lapse_publisher_t *pub);

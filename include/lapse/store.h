@@ -48,18 +48,19 @@ typedef struct lapse_new_order {
 
 /** What a cancellation attempt found, per order. */
 typedef enum lapse_cancel_outcome {
-    LAPSE_CANCEL_DONE = 0,      /* pending and due: now cancelled, holds released, event
-                                   recorded */
-    LAPSE_CANCEL_NOOP_PAID,     /* already paid: nothing changed */
-    LAPSE_CANCEL_NOOP_CANCELLED,/* already cancelled: nothing changed */
-    LAPSE_CANCEL_EARLY,         /* pending but its deadline is ahead: nothing changed */
-    LAPSE_CANCEL_UNKNOWN        /* no such order */
+    LAPSE_CANCEL_DONE = 0,       /* pending and due: now cancelled, holds released, event
+                                    recorded */
+    LAPSE_CANCEL_NOOP_PAID,      /* already paid: nothing changed */
+    LAPSE_CANCEL_NOOP_CANCELLED, /* already cancelled: nothing changed */
+    LAPSE_CANCEL_EARLY,          /* pending but its deadline is ahead: nothing changed */
+    LAPSE_CANCEL_UNKNOWN         /* no such order */
 } lapse_cancel_outcome_t;
 
 /** "cancelled", "noop_paid", "noop_cancelled", "early", "unknown"; static. */
 LAPSE_API const char *lapse_cancel_outcome_name(lapse_cancel_outcome_t outcome);
 
-/** One cancellation in a batch. order_id is borrowed; the rest is written by the store. */
+/** One cancellation in a batch. order_id is borrowed; the rest is written by the store.
+ */
 typedef struct lapse_cancel_item {
     const char *order_id;           /* in */
     lapse_cancel_outcome_t outcome; /* out */
@@ -70,16 +71,17 @@ typedef struct lapse_cancel_item {
 /** An outbox event handed to a callback; strings borrowed for the callback's duration. */
 typedef struct lapse_event {
     int64_t seq;
-    const char *event_id;   /* "order.cancelled:<order_id>" */
+    const char *event_id; /* "order.cancelled:<order_id>" */
     const char *order_id;
-    const char *body;       /* JSON */
+    const char *body; /* JSON */
 } lapse_event_t;
 
 typedef int (*lapse_event_cb)(void *opaque, const lapse_event_t *event);
 
 /**
  * Open a store: "sqlite:PATH" (created if missing, WAL mode, schema applied).
- * @return new handle, closed with lapse_store_close(); NULL on failure with *rc and err set.
+ * @return new handle, closed with lapse_store_close(); NULL on failure with *rc and err
+ * set.
  */
 LAPSE_API lapse_store_t *lapse_store_open(const char *uri, lapse_status_t *rc,
                                           lapse_error_t *err);

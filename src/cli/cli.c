@@ -7,8 +7,7 @@
 #include <stdarg.h>
 #include <string.h>
 
-int cli_exit_code(lapse_status_t rc)
-{
+int cli_exit_code(lapse_status_t rc) {
     switch (rc) {
         case LAPSE_OK:
             return CLI_EXIT_OK;
@@ -32,15 +31,13 @@ int cli_exit_code(lapse_status_t rc)
     }
 }
 
-int cli_fail(lapse_status_t rc, const lapse_error_t *err, const char *what)
-{
+int cli_fail(lapse_status_t rc, const lapse_error_t *err, const char *what) {
     const char *detail = err && err->text[0] ? err->text : lapse_strerror(rc);
     fprintf(stderr, "lapse: %s: %s (%s)\n", what, detail, lapse_status_name(rc));
     return cli_exit_code(rc);
 }
 
-int cli_usage_error(const char *cmd, const char *usage, const char *fmt, ...)
-{
+int cli_usage_error(const char *cmd, const char *usage, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     fprintf(stderr, "lapse %s: ", cmd);
@@ -50,8 +47,7 @@ int cli_usage_error(const char *cmd, const char *usage, const char *fmt, ...)
     return CLI_EXIT_USAGE;
 }
 
-void cli_log_stderr(void *opaque, lapse_log_level_t level, const char *line)
-{
+void cli_log_stderr(void *opaque, lapse_log_level_t level, const char *line) {
     (void)opaque;
     static const char *const names[] = {"error", "warn", "info", "debug"};
     char ts[LAPSE_RFC3339_LEN];
@@ -61,14 +57,12 @@ void cli_log_stderr(void *opaque, lapse_log_level_t level, const char *line)
 
 static volatile sig_atomic_t stop_flag;
 
-static void on_stop_signal(int sig)
-{
+static void on_stop_signal(int sig) {
     (void)sig;
     stop_flag = 1;
 }
 
-volatile sig_atomic_t *cli_install_stop_handlers(void)
-{
+volatile sig_atomic_t *cli_install_stop_handlers(void) {
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_stop_signal;
@@ -79,19 +73,18 @@ volatile sig_atomic_t *cli_install_stop_handlers(void)
     return &stop_flag;
 }
 
-lapse_store_t *cli_open_store(cli_t *cli, int *exit_code)
-{
+lapse_store_t *cli_open_store(cli_t *cli, int *exit_code) {
     lapse_status_t rc;
     lapse_error_t err = {0};
-    lapse_store_t *store = lapse_store_open(lapse_config_get(cli->cfg, "store"), &rc, &err);
+    lapse_store_t *store =
+        lapse_store_open(lapse_config_get(cli->cfg, "store"), &rc, &err);
     if (!store) {
         *exit_code = cli_fail(rc, &err, "open store");
     }
     return store;
 }
 
-int cli_wants_help(int argc, char **argv)
-{
+int cli_wants_help(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--") == 0) {
             return 0;

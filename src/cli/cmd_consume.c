@@ -13,8 +13,7 @@ static const char usage[] =
     "Runs until SIGINT/SIGTERM: then finishes and acks what it holds and exits 0.\n"
     "Logs one key=value line per decision to stderr.\n";
 
-int cmd_consume(cli_t *cli, int argc, char **argv)
-{
+int cmd_consume(cli_t *cli, int argc, char **argv) {
     static const struct option opts[] = {{"prefetch", required_argument, NULL, 'p'},
                                          {"help", no_argument, NULL, 'h'},
                                          {NULL, 0, NULL, 0}};
@@ -35,7 +34,8 @@ int cmd_consume(cli_t *cli, int argc, char **argv)
         }
     }
     if (optind != argc) {
-        return cli_usage_error("consume", usage, "unexpected argument '%s'", argv[optind]);
+        return cli_usage_error("consume", usage, "unexpected argument '%s'",
+                               argv[optind]);
     }
     volatile sig_atomic_t *stop = cli_install_stop_handlers();
     int code = CLI_EXIT_OK;

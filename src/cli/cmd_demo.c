@@ -16,15 +16,16 @@ extern char **environ;
 
 static const char usage[] =
     "usage: lapse demo\n"
-    "Publishes six orders with windows of the two shortest --classes (each at most 60s),\n"
+    "Publishes six orders with windows of the two shortest --classes (each at most "
+    "60s),\n"
     "pays some in time and one too late, runs a consumer, and shows each order lapse.\n"
     "Needs a declared topology: lapse --classes 5s,8s topology declare.\n";
 
 typedef struct demo_order {
     const char *name;
-    int cls;          /* 0: shortest class, 1: the next */
-    int64_t pay_at;   /* ms after publishing, relative to the window; -1: never */
-    int pay_late;     /* pay_at is after the deadline */
+    int cls;        /* 0: shortest class, 1: the next */
+    int64_t pay_at; /* ms after publishing, relative to the window; -1: never */
+    int pay_late;   /* pay_at is after the deadline */
     const char *holds[3];
     lapse_order_status_t expect;
     /* runtime */
@@ -36,9 +37,8 @@ typedef struct demo_order {
     int paid_tried;
 } demo_order_t;
 
-static void on_published(void *opaque, uint64_t ref, const char *order_id, lapse_status_t rc,
-                         const char *reason)
-{
+static void on_published(void *opaque, uint64_t ref, const char *order_id,
+                         lapse_status_t rc, const char *reason) {
     int *failed = opaque;
     (void)ref;
     if (rc != LAPSE_OK) {
@@ -47,13 +47,11 @@ static void on_published(void *opaque, uint64_t ref, const char *order_id, lapse
     }
 }
 
-static int64_t elapsed(int64_t t0)
-{
+static int64_t elapsed(int64_t t0) {
     return lapse_clock_now_ms() - t0;
 }
 
-static pid_t start_consumer(cli_t *cli)
-{
+static pid_t start_consumer(cli_t *cli) {
     static const char *const vars[][2] = {{"LAPSE_AMQP_URL", "amqp_url"},
                                           {"LAPSE_STORE", "store"},
                                           {"LAPSE_PREFIX", "prefix"},
@@ -69,8 +67,7 @@ static pid_t start_consumer(cli_t *cli)
     return pid;
 }
 
-static void show_holds(lapse_store_t *store, demo_order_t *o)
-{
+static void show_holds(lapse_store_t *store, demo_order_t *o) {
     lapse_order_t order;
     lapse_order_init(&order);
     if (lapse_store_get(store, o->id, &order, NULL) == LAPSE_OK) {
@@ -81,13 +78,14 @@ static void show_holds(lapse_store_t *store, demo_order_t *o)
     lapse_order_clear(&order);
 }
 
-static void poll_orders(lapse_store_t *store, demo_order_t *orders, size_t n, int64_t t0)
-{
+static void poll_orders(lapse_store_t *store, demo_order_t *orders, size_t n,
+                        int64_t t0) {
     for (size_t i = 0; i < n; i++) {
         demo_order_t *o = &orders[i];
         lapse_order_t order;
         lapse_order_init(&order);
-        if (lapse_store_get(store, o->id, &order, NULL) == LAPSE_OK && order.status != o->seen) {
+        if (lapse_store_get(store, o->id, &order, NULL) == LAPSE_OK &&
+            order.status != o->seen) {
             o->seen = order.status;
             if (order.status == LAPSE_ORDER_CANCELLED) {
                 o->at_ms = order.cancelled_at_ms;
@@ -103,8 +101,7 @@ static void poll_orders(lapse_store_t *store, demo_order_t *orders, size_t n, in
     fflush(stdout);
 }
 
-int cmd_demo(cli_t *cli, int argc, char **argv)
-{
+int cmd_demo(cli_t *cli, int argc, char **argv) {
     if (cli_wants_help(argc, argv)) {
         fputs(usage, stdout);
         return CLI_EXIT_OK;
@@ -130,12 +127,42 @@ int cmd_demo(cli_t *cli, int argc, char **argv)
                                lapse_config_get(cli->cfg, "classes"));
     }
     demo_order_t orders[] = {
-        {.name = "pizza (paid)", .cls = 0, .pay_at = 1000, .pay_late = 0, .holds = {"oven-slot-7"}, .expect = LAPSE_ORDER_PAID},
-        {.name = "pizza (unpaid)", .cls = 0, .pay_at = -1, .pay_late = 0, .holds = {"oven-slot-8", "driver-3"}, .expect = LAPSE_ORDER_CANCELLED},
-        {.name = "clinic (paid)", .cls = 1, .pay_at = 2500, .pay_late = 0, .holds = {"dr-lee-10:30"}, .expect = LAPSE_ORDER_PAID},
-        {.name = "train (unpaid)", .cls = 1, .pay_at = -1, .pay_late = 0, .holds = {"seat-12A", "seat-12B"}, .expect = LAPSE_ORDER_CANCELLED},
-        {.name = "train (paid too late)", .cls = 0, .pay_at = 1500, .pay_late = 1, .holds = {"seat-14C"}, .expect = LAPSE_ORDER_CANCELLED},
-        {.name = "hotel (unpaid)", .cls = 1, .pay_at = -1, .pay_late = 0, .holds = {"room-204"}, .expect = LAPSE_ORDER_CANCELLED},
+        {.name = "pizza (paid)",
+         .cls = 0,
+         .pay_at = 1000,
+         .pay_late = 0,
+         .holds = {"oven-slot-7"},
+         .expect = LAPSE_ORDER_PAID},
+        {.name = "pizza (unpaid)",
+         .cls = 0,
+         .pay_at = -1,
+         .pay_late = 0,
+         .holds = {"oven-slot-8", "driver-3"},
+         .expect = LAPSE_ORDER_CANCELLED},
+        {.name = "clinic (paid)",
+         .cls = 1,
+         .pay_at = 2500,
+         .pay_late = 0,
+         .holds = {"dr-lee-10:30"},
+         .expect = LAPSE_ORDER_PAID},
+        {.name = "train (unpaid)",
+         .cls = 1,
+         .pay_at = -1,
+         .pay_late = 0,
+         .holds = {"seat-12A", "seat-12B"},
+         .expect = LAPSE_ORDER_CANCELLED},
+        {.name = "train (paid too late)",
+         .cls = 0,
+         .pay_at = 1500,
+         .pay_late = 1,
+         .holds = {"seat-14C"},
+         .expect = LAPSE_ORDER_CANCELLED},
+        {.name = "hotel (unpaid)",
+         .cls = 1,
+         .pay_at = -1,
+         .pay_late = 0,
+         .holds = {"room-204"},
+         .expect = LAPSE_ORDER_CANCELLED},
     };
     size_t n = sizeof orders / sizeof orders[0];
 
@@ -153,8 +180,8 @@ int cmd_demo(cli_t *cli, int argc, char **argv)
     int failed = 0;
     lapse_status_t rc;
     lapse_error_t err = {0};
-    lapse_publisher_t *pub = lapse_publisher_open(cli->cfg, store, on_published, &failed,
-                                                  &rc, &err);
+    lapse_publisher_t *pub =
+        lapse_publisher_open(cli->cfg, store, on_published, &failed, &rc, &err);
     if (!pub) {
         code = cli_fail(rc, &err, "demo: connect");
         goto out;
@@ -189,14 +216,16 @@ int cmd_demo(cli_t *cli, int argc, char **argv)
     }
     lapse_publisher_close(pub);
     if (rc != LAPSE_OK || failed) {
-        code = cli_fail(rc != LAPSE_OK ? rc : LAPSE_ERR_BROKER_CLOSED, &err, "demo: publish");
+        code = cli_fail(rc != LAPSE_OK ? rc : LAPSE_ERR_BROKER_CLOSED, &err,
+                        "demo: publish");
         goto out;
     }
     for (size_t i = 0; i < n; i++) {
         printf("[%6.2fs] %-22s PUBLISHED %s window %lld ms, holds %s%s%s\n",
                elapsed(t0) / 1000.0, orders[i].name, orders[i].id,
                (long long)orders[i].timeout_ms, orders[i].holds[0],
-               orders[i].holds[1] ? ", " : "", orders[i].holds[1] ? orders[i].holds[1] : "");
+               orders[i].holds[1] ? ", " : "",
+               orders[i].holds[1] ? orders[i].holds[1] : "");
     }
     int64_t end = windows[1] + 8000;
     int settled = 0;

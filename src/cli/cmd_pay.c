@@ -7,12 +7,12 @@
 #include <string.h>
 #include <unistd.h>
 
-static const char usage[] = "usage: lapse pay ORDER_ID\n"
-                            "Exits 0 when paid (or already paid), 3 when cancelled or past "
-                            "its deadline, 4 when unknown.\n";
+static const char usage[] =
+    "usage: lapse pay ORDER_ID\n"
+    "Exits 0 when paid (or already paid), 3 when cancelled or past "
+    "its deadline, 4 when unknown.\n";
 
-int cmd_pay(cli_t *cli, int argc, char **argv)
-{
+int cmd_pay(cli_t *cli, int argc, char **argv) {
     if (cli_wants_help(argc, argv)) {
         fputs(usage, stdout);
         return CLI_EXIT_OK;
@@ -55,7 +55,8 @@ int cmd_pay(cli_t *cli, int argc, char **argv)
             printf("paid order_id=%s\n", order_id);
             break;
         case LAPSE_ERR_STORE_LAPSED:
-            fprintf(stderr, "lapse pay: %s: payment window lapsed at %s\n", order_id, when);
+            fprintf(stderr, "lapse pay: %s: payment window lapsed at %s\n", order_id,
+                    when);
             break;
         case LAPSE_ERR_STORE_STATE:
             fprintf(stderr, "lapse pay: %s: order was cancelled at %s\n", order_id, when);

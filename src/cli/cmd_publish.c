@@ -10,14 +10,15 @@
 #include <string.h>
 #include <unistd.h>
 
-#define MAX_HOLDS       64
-#define CONNECT_TRIES   5
-#define PROGRESS_EVERY  200 /* ms between progress lines on a terminal */
+#define MAX_HOLDS      64
+#define CONNECT_TRIES  5
+#define PROGRESS_EVERY 200 /* ms between progress lines on a terminal */
 
 static const char usage[] =
     "usage: lapse publish ORDER_ID [--timeout DURATION] [--hold RESOURCE]...\n"
     "       lapse publish --batch FILE|-\n"
-    "  --timeout D   payment window; must be one of the configured --classes (default 30m)\n"
+    "  --timeout D   payment window; must be one of the configured --classes (default "
+    "30m)\n"
     "  --hold R      a resource the order holds until paid or cancelled (repeatable)\n"
     "  --batch F     one JSON object a line: {\"order_id\":\"..\",\"timeout\":\"30m\","
     "\"holds\":[..]}\n"
@@ -31,8 +32,7 @@ typedef struct outcome {
 } outcome_t;
 
 static void on_single(void *opaque, uint64_t ref, const char *order_id, lapse_status_t rc,
-                      const char *reason)
-{
+                      const char *reason) {
     (void)ref;
     outcome_t *o = opaque;
     o->last_rc = rc;
@@ -46,8 +46,7 @@ static void on_single(void *opaque, uint64_t ref, const char *order_id, lapse_st
 }
 
 static void on_line(void *opaque, uint64_t line, const char *order_id, lapse_status_t rc,
-                    const char *reason)
-{
+                    const char *reason) {
     outcome_t *o = opaque;
     if (rc == LAPSE_OK) {
         o->ok++;
@@ -60,8 +59,7 @@ static void on_line(void *opaque, uint64_t line, const char *order_id, lapse_sta
 }
 
 static lapse_publisher_t *open_publisher(cli_t *cli, lapse_store_t *store,
-                                         lapse_publish_cb cb, outcome_t *o, int *code)
-{
+                                         lapse_publish_cb cb, outcome_t *o, int *code) {
     lapse_status_t rc = LAPSE_OK;
     lapse_error_t err = {0};
     for (unsigned attempt = 0; attempt < CONNECT_TRIES; attempt++) {
@@ -81,8 +79,7 @@ static lapse_publisher_t *open_publisher(cli_t *cli, lapse_store_t *store,
 }
 
 static int publish_one(cli_t *cli, const char *order_id, int64_t timeout_ms,
-                       const char **holds, size_t n_holds)
-{
+                       const char **holds, size_t n_holds) {
     int code = CLI_EXIT_OK;
     lapse_store_t *store = cli_open_store(cli, &code);
     if (!store) {
@@ -115,8 +112,7 @@ static int publish_one(cli_t *cli, const char *order_id, int64_t timeout_ms,
     return code;
 }
 
-static int publish_batch(cli_t *cli, const char *path)
-{
+static int publish_batch(cli_t *cli, const char *path) {
     FILE *in = strcmp(path, "-") == 0 ? stdin : fopen(path, "r");
     if (!in) {
         perror(path);
@@ -125,7 +121,8 @@ static int publish_batch(cli_t *cli, const char *path)
     int code = CLI_EXIT_OK;
     lapse_store_t *store = cli_open_store(cli, &code);
     outcome_t o = {0};
-    lapse_publisher_t *pub = store ? open_publisher(cli, store, on_line, &o, &code) : NULL;
+    lapse_publisher_t *pub =
+        store ? open_publisher(cli, store, on_line, &o, &code) : NULL;
     if (!pub) {
         lapse_store_close(store);
         if (in != stdin) {
@@ -208,8 +205,7 @@ static int publish_batch(cli_t *cli, const char *path)
     return o.failed + bad > 0 ? CLI_EXIT_FAILED : CLI_EXIT_OK;
 }
 
-int cmd_publish(cli_t *cli, int argc, char **argv)
-{
+int cmd_publish(cli_t *cli, int argc, char **argv) {
     static const struct option opts[] = {{"timeout", required_argument, NULL, 't'},
                                          {"deadline", required_argument, NULL, 'd'},
                                          {"hold", required_argument, NULL, 'H'},
@@ -233,7 +229,8 @@ int cmd_publish(cli_t *cli, int argc, char **argv)
                                        "with one of the configured classes");
             case 'H':
                 if (n_holds == MAX_HOLDS) {
-                    return cli_usage_error("publish", usage, "at most %d --hold", MAX_HOLDS);
+                    return cli_usage_error("publish", usage, "at most %d --hold",
+                                           MAX_HOLDS);
                 }
                 holds[n_holds++] = optarg;
                 break;
@@ -244,7 +241,8 @@ int cmd_publish(cli_t *cli, int argc, char **argv)
                 fputs(usage, stdout);
                 return CLI_EXIT_OK;
             default:
-                return cli_usage_error("publish", usage, "unknown or incomplete option '%s'",
+                return cli_usage_error("publish", usage,
+                                       "unknown or incomplete option '%s'",
                                        argv[optind - 1]);
         }
     }

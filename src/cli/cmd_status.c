@@ -14,20 +14,18 @@ static const char usage[] =
     "  without ORDER_ID: messages and consumers per queue, orders per status\n"
     "  with ORDER_ID:    the order's status, times and holds (exit 4 if unknown)\n";
 
-static void add_queue(void *opaque, const char *queue, int64_t messages, int64_t consumers)
-{
+static void add_queue(void *opaque, const char *queue, int64_t messages,
+                      int64_t consumers) {
     json_object_set_new(opaque, queue,
                         json_pack("{s:I, s:I}", "messages", (json_int_t)messages,
                                   "consumers", (json_int_t)consumers));
 }
 
-static json_t *time_or_null(int64_t ms)
-{
+static json_t *time_or_null(int64_t ms) {
     return ms < 0 ? json_null() : json_integer(ms);
 }
 
-static int print_json(json_t *root)
-{
+static int print_json(json_t *root) {
     char *text = json_dumps(root, JSON_COMPACT);
     json_decref(root);
     if (!text) {
@@ -38,8 +36,7 @@ static int print_json(json_t *root)
     return CLI_EXIT_OK;
 }
 
-static int order_status(lapse_store_t *store, const char *order_id, int as_json)
-{
+static int order_status(lapse_store_t *store, const char *order_id, int as_json) {
     lapse_order_t order;
     lapse_order_init(&order);
     lapse_error_t err = {0};
@@ -59,22 +56,23 @@ static int order_status(lapse_store_t *store, const char *order_id, int as_json)
         }
         code = print_json(json_pack(
             "{s:s, s:s, s:I, s:I, s:o, s:o, s:o}", "order_id", order.order_id, "status",
-            lapse_order_status_name(order.status), "deadline_ms", (json_int_t)order.deadline_ms,
-            "created_at_ms", (json_int_t)order.created_at_ms, "paid_at_ms",
-            time_or_null(order.paid_at_ms), "cancelled_at_ms",
-            time_or_null(order.cancelled_at_ms), "holds", holds));
+            lapse_order_status_name(order.status), "deadline_ms",
+            (json_int_t)order.deadline_ms, "created_at_ms",
+            (json_int_t)order.created_at_ms, "paid_at_ms", time_or_null(order.paid_at_ms),
+            "cancelled_at_ms", time_or_null(order.cancelled_at_ms), "holds", holds));
     } else {
         char deadline[LAPSE_RFC3339_LEN], created[LAPSE_RFC3339_LEN];
         lapse_time_format_rfc3339(order.deadline_ms, deadline);
         lapse_time_format_rfc3339(order.created_at_ms, created);
-        printf("order_id:  %s\nstatus:    %s\ncreated:   %s\ndeadline:  %s\n", order.order_id,
-               lapse_order_status_name(order.status), created, deadline);
-        int64_t at = order.status == LAPSE_ORDER_PAID ? order.paid_at_ms : order.cancelled_at_ms;
+        printf("order_id:  %s\nstatus:    %s\ncreated:   %s\ndeadline:  %s\n",
+               order.order_id, lapse_order_status_name(order.status), created, deadline);
+        int64_t at =
+            order.status == LAPSE_ORDER_PAID ? order.paid_at_ms : order.cancelled_at_ms;
         if (at >= 0) {
             char when[LAPSE_RFC3339_LEN];
             lapse_time_format_rfc3339(at, when);
-            printf("%-10s %s\n", order.status == LAPSE_ORDER_PAID ? "paid:" : "cancelled:",
-                   when);
+            printf("%-10s %s\n",
+                   order.status == LAPSE_ORDER_PAID ? "paid:" : "cancelled:", when);
         }
         printf("scheduled: %s\nholds:    ", order.scheduled ? "yes" : "no");
         for (size_t i = 0; i < order.n_holds; i++) {
@@ -86,8 +84,7 @@ static int order_status(lapse_store_t *store, const char *order_id, int as_json)
     return code;
 }
 
-static int overview(cli_t *cli, lapse_store_t *store, int as_json)
-{
+static int overview(cli_t *cli, lapse_store_t *store, int as_json) {
     lapse_error_t err = {0};
     int64_t counts[3];
     lapse_status_t rc = lapse_store_count(store, counts, &err);
@@ -102,16 +99,16 @@ static int overview(cli_t *cli, lapse_store_t *store, int as_json)
         return code == CLI_EXIT_USAGE ? CLI_EXIT_FAILED : code;
     }
     if (as_json) {
-        return print_json(json_pack("{s:o, s:{s:I, s:I, s:I}}", "queues", queues, "orders",
-                                    "pending", (json_int_t)counts[LAPSE_ORDER_PENDING],
-                                    "paid", (json_int_t)counts[LAPSE_ORDER_PAID],
-                                    "cancelled", (json_int_t)counts[LAPSE_ORDER_CANCELLED]));
+        return print_json(json_pack("{s:o, s:{s:I, s:I, s:I}}", "queues", queues,
+                                    "orders", "pending",
+                                    (json_int_t)counts[LAPSE_ORDER_PENDING], "paid",
+                                    (json_int_t)counts[LAPSE_ORDER_PAID], "cancelled",
+                                    (json_int_t)counts[LAPSE_ORDER_CANCELLED]));
     }
     printf("%-40s %10s %10s\n", "queue", "messages", "consumers");
     const char *name;
     json_t *q;
-    json_object_foreach(queues, name, q)
-    {
+    json_object_foreach(queues, name, q) {
         printf("%-40s %10lld %10lld\n", name,
                (long long)json_integer_value(json_object_get(q, "messages")),
                (long long)json_integer_value(json_object_get(q, "consumers")));
@@ -123,8 +120,7 @@ static int overview(cli_t *cli, lapse_store_t *store, int as_json)
     return CLI_EXIT_OK;
 }
 
-int cmd_status(cli_t *cli, int argc, char **argv)
-{
+int cmd_status(cli_t *cli, int argc, char **argv) {
     static const struct option opts[] = {{"json", no_argument, NULL, 'j'},
                                          {"help", no_argument, NULL, 'h'},
                                          {NULL, 0, NULL, 0}};
@@ -137,7 +133,8 @@ int cmd_status(cli_t *cli, int argc, char **argv)
             return CLI_EXIT_OK;
         }
         if (opt != 'j') {
-            return cli_usage_error("status", usage, "unknown option '%s'", argv[optind - 1]);
+            return cli_usage_error("status", usage, "unknown option '%s'",
+                                   argv[optind - 1]);
         }
         as_json = 1;
     }

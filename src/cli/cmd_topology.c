@@ -8,11 +8,11 @@
 #include <string.h>
 
 static const char usage[] =
-    "usage: lapse topology declare   declare exchanges, queues and bindings (idempotent)\n"
+    "usage: lapse topology declare   declare exchanges, queues and bindings "
+    "(idempotent)\n"
     "       lapse topology export    print them as RabbitMQ definitions JSON\n";
 
-int cmd_topology(cli_t *cli, int argc, char **argv)
-{
+int cmd_topology(cli_t *cli, int argc, char **argv) {
     if (cli_wants_help(argc, argv)) {
         fputs(usage, stdout);
         return CLI_EXIT_OK;
@@ -37,7 +37,8 @@ int cmd_topology(cli_t *cli, int argc, char **argv)
             int code = cli_fail(rc, &err, "topology declare");
             return code == CLI_EXIT_USAGE ? CLI_EXIT_FAILED : code;
         }
-        printf("declared topology prefix=%s classes=%s\n", lapse_config_get(cli->cfg, "prefix"),
+        printf("declared topology prefix=%s classes=%s\n",
+               lapse_config_get(cli->cfg, "prefix"),
                lapse_config_get(cli->cfg, "classes"));
         return CLI_EXIT_OK;
     }

@@ -6,7 +6,8 @@
 #include <string.h>
 
 static const char usage[] =
-    "usage: lapse [--amqp URL] [--store URI] [--prefix NAME] [--classes LIST] COMMAND [ARGS]\n"
+    "usage: lapse [--amqp URL] [--store URI] [--prefix NAME] [--classes LIST] COMMAND "
+    "[ARGS]\n"
     "\n"
     "commands:\n"
     "  publish ORDER_ID [--timeout DURATION] [--hold RESOURCE]...\n"
@@ -43,17 +44,17 @@ static const struct {
     const char *property;
     const char *env;
 } globals[] = {
-    {"--amqp", "amqp_url", "LAPSE_AMQP_URL"},  {"--store", "store", "LAPSE_STORE"},
-    {"--prefix", "prefix", "LAPSE_PREFIX"},    {"--classes", "classes", "LAPSE_CLASSES"},
+    {"--amqp", "amqp_url", "LAPSE_AMQP_URL"}, {"--store", "store", "LAPSE_STORE"},
+    {"--prefix", "prefix", "LAPSE_PREFIX"},   {"--classes", "classes", "LAPSE_CLASSES"},
     {"--clock-skew", "clock_skew", NULL},
 };
 
 /* True when a global flag (before the command) is given, as "--x v" or "--x=v". */
-static int has_flag(int argc, char **argv, const char *flag)
-{
+static int has_flag(int argc, char **argv, const char *flag) {
     size_t len = strlen(flag);
     for (int i = 1; i < argc && argv[i][0] == '-'; i++) {
-        if (strncmp(argv[i], flag, len) == 0 && (argv[i][len] == '\0' || argv[i][len] == '=')) {
+        if (strncmp(argv[i], flag, len) == 0 &&
+            (argv[i][len] == '\0' || argv[i][len] == '=')) {
             return 1;
         }
         if (!strchr(argv[i], '=') && strcmp(argv[i], "--help") != 0 &&
@@ -64,8 +65,7 @@ static int has_flag(int argc, char **argv, const char *flag)
     return 0;
 }
 
-int main(int argc, char **argv)
-{
+int main(int argc, char **argv) {
     lapse_config_t *cfg = lapse_config_new();
     if (!cfg) {
         fprintf(stderr, "lapse: out of memory\n");

@@ -1,9 +1,10 @@
 /* SPDX-License-Identifier: MIT
  * Test b: three competing consumers, 600 orders, half paid: every unpaid order cancelled
  * once, exactly one order.cancelled event id for each on a queue bound to the events. */
+#include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
-#include <setjmp.h>
+
 #include <cmocka.h>
 
 #include "harness.h"
@@ -25,13 +26,11 @@ typedef struct tally {
     size_t foreign;
 } tally_t;
 
-static bool is_paid(int i)
-{
+static bool is_paid(int i) {
     return i % 4 < 2;
 }
 
-static void count_event(void *opaque, const h_msg_t *msg)
-{
+static void count_event(void *opaque, const h_msg_t *msg) {
     tally_t *t = opaque;
     int i;
     char tail;
@@ -44,8 +43,7 @@ static void count_event(void *opaque, const h_msg_t *msg)
     }
 }
 
-static void test_three_consumers_cancel_each_unpaid_order_once(void **state)
-{
+static void test_three_consumers_cancel_each_unpaid_order_once(void **state) {
     (void)state;
     h_ctx_t h;
     h_setup(&h, "competing", "2s,3s", true);
@@ -65,8 +63,8 @@ static void test_three_consumers_cancel_each_unpaid_order_once(void **state)
     FILE *f = fopen(h_path(&h, "orders.jsonl"), "w");
     assert_non_null(f);
     for (int i = 0; i < ORDERS; i++) {
-        fprintf(f, "{\"order_id\":\"ord-%d\",\"timeout\":\"%s\",\"holds\":[\"r-%d\"]}\n", i,
-                i % 2 ? "3s" : "2s", i);
+        fprintf(f, "{\"order_id\":\"ord-%d\",\"timeout\":\"%s\",\"holds\":[\"r-%d\"]}\n",
+                i, i % 2 ? "3s" : "2s", i);
     }
     fclose(f);
     assert_int_equal(
@@ -79,7 +77,8 @@ static void test_three_consumers_cancel_each_unpaid_order_once(void **state)
         if (is_paid(i)) {
             char id[32];
             snprintf(id, sizeof id, "ord-%d", i);
-            assert_int_equal(lapse_store_pay(store, id, lapse_clock_now_ms(), NULL), LAPSE_OK);
+            assert_int_equal(lapse_store_pay(store, id, lapse_clock_now_ms(), NULL),
+                             LAPSE_OK);
         }
     }
     lapse_store_close(store);
@@ -107,8 +106,9 @@ static void test_three_consumers_cancel_each_unpaid_order_once(void **state)
 
     size_t noops = 0;
     for (int i = 0; i < ORDERS; i++) {
-        assert_int_equal(h_sql_int(&h, "SELECT count(*) FROM orders WHERE order_id='ord-%d' "
-                                       "AND status=%Q",
+        assert_int_equal(h_sql_int(&h,
+                                   "SELECT count(*) FROM orders WHERE order_id='ord-%d' "
+                                   "AND status=%Q",
                                    i, is_paid(i) ? "paid" : "cancelled"),
                          1);
         char needle[64];
@@ -127,8 +127,8 @@ static void test_three_consumers_cancel_each_unpaid_order_once(void **state)
                                    "AND cancelled_at_ms < deadline_ms"),
                      0);
     assert_int_equal(h_sql_int(&h, "SELECT count(*) FROM events"), ORDERS / 2);
-    assert_int_equal(h_sql_int(&h, "SELECT count(*) FROM events WHERE published_at_ms IS NULL"),
-                     0);
+    assert_int_equal(
+        h_sql_int(&h, "SELECT count(*) FROM events WHERE published_at_ms IS NULL"), 0);
 
     tally_t *t = calloc(1, sizeof *t);
     char tap[128];
@@ -137,8 +137,8 @@ static void test_three_consumers_cancel_each_unpaid_order_once(void **state)
     printf("events on the tap: %zu (foreign %zu)\n", t->total, t->foreign);
     assert_int_equal(t->foreign, 0);
     for (int i = 0; i < ORDERS; i++) {
-        /* One event id per cancelled order (at least once delivery may repeat it, but this
-         * run has no failures, so each arrives exactly once). */
+        /* One event id per cancelled order (at least once delivery may repeat it, but
+         * this run has no failures, so each arrives exactly once). */
         assert_int_equal(t->per_order[i], is_paid(i) ? 0 : 1);
     }
     free(t);
@@ -146,8 +146,7 @@ static void test_three_consumers_cancel_each_unpaid_order_once(void **state)
     h_teardown(&h);
 }
 
-int main(void)
-{
+int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_three_consumers_cancel_each_unpaid_order_once),
     };

@@ -1,9 +1,10 @@
 /* SPDX-License-Identifier: MIT
  * Test c: a consumer killed with SIGKILL mid-stream and started again: every order
  * cancelled, none lost, none cancelled twice, one event id each. */
+#include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
-#include <setjmp.h>
+
 #include <cmocka.h>
 
 #include "harness.h"
@@ -18,17 +19,16 @@
 #define PER_WAVE 50
 #define ORDERS   (WAVES * PER_WAVE)
 
-static void count_event(void *opaque, const h_msg_t *msg)
-{
+static void count_event(void *opaque, const h_msg_t *msg) {
     int *per_order = opaque;
     int i;
-    if (sscanf(msg->message_id, "order.cancelled:ord-%d", &i) == 1 && i >= 0 && i < ORDERS) {
+    if (sscanf(msg->message_id, "order.cancelled:ord-%d", &i) == 1 && i >= 0 &&
+        i < ORDERS) {
         per_order[i]++;
     }
 }
 
-static void test_sigkill_mid_stream_loses_and_doubles_nothing(void **state)
-{
+static void test_sigkill_mid_stream_loses_and_doubles_nothing(void **state) {
     (void)state;
     h_ctx_t h;
     h_setup(&h, "crash", "2s", true);
@@ -49,12 +49,13 @@ static void test_sigkill_mid_stream_loses_and_doubles_nothing(void **state)
         assert_non_null(f);
         for (int k = 0; k < PER_WAVE; k++) {
             int i = w * PER_WAVE + k;
-            fprintf(f, "{\"order_id\":\"ord-%d\",\"timeout\":\"2s\",\"holds\":[\"r-%d\"]}\n",
+            fprintf(f,
+                    "{\"order_id\":\"ord-%d\",\"timeout\":\"2s\",\"holds\":[\"r-%d\"]}\n",
                     i, i);
         }
         fclose(f);
-        assert_int_equal(h_lapse(&h, NULL, 0, "publish", "--batch", h_path(&h, file), NULL),
-                         0);
+        assert_int_equal(
+            h_lapse(&h, NULL, 0, "publish", "--batch", h_path(&h, file), NULL), 0);
         usleep(250000);
     }
 
@@ -78,9 +79,10 @@ static void test_sigkill_mid_stream_loses_and_doubles_nothing(void **state)
     assert_int_equal(h_wait_sql(&h, ORDERS, h_ms(30000),
                                 "SELECT count(*) FROM orders WHERE status='cancelled'"),
                      ORDERS);
-    assert_int_equal(h_wait_sql(&h, 0, h_ms(10000),
-                                "SELECT count(*) FROM events WHERE published_at_ms IS NULL"),
-                     0);
+    assert_int_equal(
+        h_wait_sql(&h, 0, h_ms(10000),
+                   "SELECT count(*) FROM events WHERE published_at_ms IS NULL"),
+        0);
     assert_int_equal(h_stop(consumer, SIGTERM, h_ms(10000)), 0);
 
     for (int i = 0; i < ORDERS; i++) {
@@ -93,12 +95,13 @@ static void test_sigkill_mid_stream_loses_and_doubles_nothing(void **state)
         assert_true(n <= 1);
     }
     assert_int_equal(h_sql_int(&h, "SELECT count(*) FROM events"), ORDERS);
-    assert_int_equal(h_sql_int(&h, "SELECT count(DISTINCT order_id) FROM events"), ORDERS);
+    assert_int_equal(h_sql_int(&h, "SELECT count(DISTINCT order_id) FROM events"),
+                     ORDERS);
     assert_int_equal(h_sql_int(&h, "SELECT count(*) FROM orders WHERE status='cancelled' "
                                    "AND cancelled_at_ms < deadline_ms"),
                      0);
-    assert_int_equal(h_sql_int(&h, "SELECT count(*) FROM holds WHERE released_at_ms IS NULL"),
-                     0);
+    assert_int_equal(
+        h_sql_int(&h, "SELECT count(*) FROM holds WHERE released_at_ms IS NULL"), 0);
     printf("redelivered after the kill: %zu no-ops\n",
            h_count_lines(&h, "consumer-2.log", "decision=noop_cancelled"));
 
@@ -108,7 +111,8 @@ static void test_sigkill_mid_stream_loses_and_doubles_nothing(void **state)
     size_t total = h_drain(conn, tap, 1000, count_event, per_order);
     printf("events on the tap: %zu for %d orders\n", total, ORDERS);
     for (int i = 0; i < ORDERS; i++) {
-        /* At least once: a kill between publish and mark-published repeats the same id. */
+        /* At least once: a kill between publish and mark-published repeats the same id.
+         */
         assert_true(per_order[i] >= 1);
     }
     free(per_order);
@@ -116,8 +120,7 @@ static void test_sigkill_mid_stream_loses_and_doubles_nothing(void **state)
     h_teardown(&h);
 }
 
-int main(void)
-{
+int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sigkill_mid_stream_loses_and_doubles_nothing),
     };

@@ -1,9 +1,10 @@
 /* SPDX-License-Identifier: MIT
  * Never early: messages that reach the consumer before the order's deadline (a replay, a
  * forged deadline) wait for the remainder and are never acted on early. */
+#include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
-#include <setjmp.h>
+
 #include <cmocka.h>
 
 #include "harness.h"
@@ -16,11 +17,9 @@
 #include <unistd.h>
 
 static void replay(h_ctx_t *h, amqp_connection_state_t conn, const char *order_id,
-                   int64_t deadline_ms)
-{
-    lapse_expiry_msg_t msg = {.version = 1,
-                              .deadline_ms = deadline_ms,
-                              .created_at_ms = lapse_clock_now_ms()};
+                   int64_t deadline_ms) {
+    lapse_expiry_msg_t msg = {
+        .version = 1, .deadline_ms = deadline_ms, .created_at_ms = lapse_clock_now_ms()};
     snprintf(msg.order_id, sizeof msg.order_id, "%s", order_id);
     char body[512];
     size_t len;
@@ -30,16 +29,17 @@ static void replay(h_ctx_t *h, amqp_connection_state_t conn, const char *order_i
     h_publish_raw(conn, exchange, "order.expired", body, len, order_id);
 }
 
-static void test_early_messages_wait_for_the_deadline(void **state)
-{
+static void test_early_messages_wait_for_the_deadline(void **state) {
     (void)state;
     h_ctx_t h;
     h_setup(&h, "early", "4s", true);
     pid_t consumer = h_spawn_consumer(&h, "consumer.log", NULL);
     amqp_connection_state_t conn = h_amqp_open(&h);
 
-    assert_int_equal(h_lapse(&h, NULL, 0, "publish", "replayed", "--timeout", "4s", NULL), 0);
-    assert_int_equal(h_lapse(&h, NULL, 0, "publish", "forged", "--timeout", "4s", NULL), 0);
+    assert_int_equal(h_lapse(&h, NULL, 0, "publish", "replayed", "--timeout", "4s", NULL),
+                     0);
+    assert_int_equal(h_lapse(&h, NULL, 0, "publish", "forged", "--timeout", "4s", NULL),
+                     0);
     int64_t replayed_deadline =
         h_sql_int(&h, "SELECT deadline_ms FROM orders WHERE order_id='replayed'");
     /* A replay of the real message, four seconds before its time... */
@@ -53,13 +53,15 @@ static void test_early_messages_wait_for_the_deadline(void **state)
     assert_int_equal(h_sql_int(&h, "SELECT count(*) FROM orders WHERE status='cancelled' "
                                    "AND cancelled_at_ms < deadline_ms"),
                      0);
-    assert_int_equal(h_count_lines(&h, "consumer.log", "order_id=replayed decision=early"), 1);
-    assert_int_equal(h_count_lines(&h, "consumer.log", "order_id=forged decision=early"), 1);
+    assert_int_equal(
+        h_count_lines(&h, "consumer.log", "order_id=replayed decision=early"), 1);
+    assert_int_equal(h_count_lines(&h, "consumer.log", "order_id=forged decision=early"),
+                     1);
     /* The class message and the re-held copy both arrive: one cancels, one is a no-op. */
     char early_q[128];
     snprintf(early_q, sizeof early_q, "%s.hold.early", h.prefix);
-    for (int t = 0; t < h_ms(100) && h_count_lines(&h, "consumer.log", "noop_cancelled") < 2;
-         t++) {
+    for (int t = 0;
+         t < h_ms(100) && h_count_lines(&h, "consumer.log", "noop_cancelled") < 2; t++) {
         h_queue_depth(conn, early_q);
         usleep(100000);
     }
@@ -72,8 +74,7 @@ static void test_early_messages_wait_for_the_deadline(void **state)
     h_teardown(&h);
 }
 
-int main(void)
-{
+int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_early_messages_wait_for_the_deadline),
     };

@@ -1,9 +1,10 @@
 /* SPDX-License-Identifier: MIT
  * Test a: 200 orders with 2-3 s windows, half paid in time; exactly the unpaid half ends
  * cancelled, none before its deadline, each once; lag percentiles reported. */
+#include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
-#include <setjmp.h>
+
 #include <cmocka.h>
 
 #include "harness.h"
@@ -17,13 +18,11 @@
 
 #define ORDERS 200
 
-static bool is_paid(int i)
-{
+static bool is_paid(int i) {
     return i % 4 < 2; /* half, spread over both classes */
 }
 
-static void test_unpaid_half_cancelled_once_never_early(void **state)
-{
+static void test_unpaid_half_cancelled_once_never_early(void **state) {
     (void)state;
     h_ctx_t h;
     h_setup(&h, "pipeline", "2s,3s", true);
@@ -32,14 +31,15 @@ static void test_unpaid_half_cancelled_once_never_early(void **state)
     FILE *f = fopen(h_path(&h, "orders.jsonl"), "w");
     assert_non_null(f);
     for (int i = 0; i < ORDERS; i++) {
-        fprintf(f, "{\"order_id\":\"ord-%d\",\"timeout\":\"%s\",\"holds\":[\"seat-%d\"]}\n",
+        fprintf(f,
+                "{\"order_id\":\"ord-%d\",\"timeout\":\"%s\",\"holds\":[\"seat-%d\"]}\n",
                 i, i % 2 ? "3s" : "2s", i);
     }
     fclose(f);
-    assert_int_equal(h_lapse(&h, NULL, 0, "publish", "--batch", h_path(&h, "orders.jsonl"),
-                             NULL),
-                     0);
-    assert_int_equal(h_sql_int(&h, "SELECT count(*) FROM orders WHERE scheduled = 1"), ORDERS);
+    assert_int_equal(
+        h_lapse(&h, NULL, 0, "publish", "--batch", h_path(&h, "orders.jsonl"), NULL), 0);
+    assert_int_equal(h_sql_int(&h, "SELECT count(*) FROM orders WHERE scheduled = 1"),
+                     ORDERS);
 
     /* Pay half of them now, well inside their windows, through the library's store. */
     lapse_status_t rc;
@@ -49,16 +49,19 @@ static void test_unpaid_half_cancelled_once_never_early(void **state)
         if (is_paid(i)) {
             char id[32];
             snprintf(id, sizeof id, "ord-%d", i);
-            assert_int_equal(lapse_store_pay(store, id, lapse_clock_now_ms(), NULL), LAPSE_OK);
+            assert_int_equal(lapse_store_pay(store, id, lapse_clock_now_ms(), NULL),
+                             LAPSE_OK);
         }
     }
     lapse_store_close(store);
 
-    int64_t cancelled = h_wait_sql(&h, ORDERS / 2, h_ms(30000),
-                                   "SELECT count(*) FROM orders WHERE status='cancelled'");
+    int64_t cancelled =
+        h_wait_sql(&h, ORDERS / 2, h_ms(30000),
+                   "SELECT count(*) FROM orders WHERE status='cancelled'");
     assert_int_equal(cancelled, ORDERS / 2);
     /* Let every paid order's message arrive too (acked as a no-op), then look again. */
-    for (int t = 0; t < 100 && h_count_lines(&h, "consumer.log", "decision=noop_paid") < ORDERS / 2;
+    for (int t = 0;
+         t < 100 && h_count_lines(&h, "consumer.log", "decision=noop_paid") < ORDERS / 2;
          t++) {
         usleep(100000);
     }
@@ -66,8 +69,10 @@ static void test_unpaid_half_cancelled_once_never_early(void **state)
 
     for (int i = 0; i < ORDERS; i++) {
         const char *want = is_paid(i) ? "paid" : "cancelled";
-        assert_int_equal(h_sql_int(&h, "SELECT count(*) FROM orders WHERE order_id='ord-%d' "
-                                       "AND status=%Q", i, want),
+        assert_int_equal(h_sql_int(&h,
+                                   "SELECT count(*) FROM orders WHERE order_id='ord-%d' "
+                                   "AND status=%Q",
+                                   i, want),
                          1);
     }
     assert_int_equal(h_sql_int(&h, "SELECT count(*) FROM orders WHERE status='cancelled' "
@@ -80,9 +85,10 @@ static void test_unpaid_half_cancelled_once_never_early(void **state)
                      0);
     /* One event per cancelled order, one cancel decision each, one no-op per paid one. */
     assert_int_equal(h_sql_int(&h, "SELECT count(*) FROM events"), ORDERS / 2);
-    assert_int_equal(h_sql_int(&h, "SELECT count(DISTINCT order_id) FROM events e JOIN orders "
-                                   "o USING (order_id) WHERE o.status='cancelled'"),
-                     ORDERS / 2);
+    assert_int_equal(
+        h_sql_int(&h, "SELECT count(DISTINCT order_id) FROM events e JOIN orders "
+                      "o USING (order_id) WHERE o.status='cancelled'"),
+        ORDERS / 2);
     assert_int_equal(h_count_lines(&h, "consumer.log", "decision=cancelled"), ORDERS / 2);
     assert_int_equal(h_count_lines(&h, "consumer.log", "decision=noop_paid"), ORDERS / 2);
     assert_int_equal(h_count_lines(&h, "consumer.log", "decision=parked"), 0);
@@ -91,8 +97,10 @@ static void test_unpaid_half_cancelled_once_never_early(void **state)
     size_t n = 0;
     for (int i = 0; i < ORDERS; i++) {
         if (!is_paid(i)) {
-            lags[n++] = h_sql_int(&h, "SELECT cancelled_at_ms - deadline_ms FROM orders "
-                                      "WHERE order_id='ord-%d'", i);
+            lags[n++] = h_sql_int(&h,
+                                  "SELECT cancelled_at_ms - deadline_ms FROM orders "
+                                  "WHERE order_id='ord-%d'",
+                                  i);
         }
     }
     h_sort(lags, n);
@@ -103,8 +111,7 @@ static void test_unpaid_half_cancelled_once_never_early(void **state)
     h_teardown(&h);
 }
 
-int main(void)
-{
+int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_unpaid_half_cancelled_once_never_early),
     };
