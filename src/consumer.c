@@ -329,10 +329,13 @@ static lapse_status_t forward(lapse_consumer_t *c, int64_t now, lapse_error_t *e
     for (size_t i = 0; i < c->n && rc == LAPSE_OK; i++) {
         delivery_t *d = &c->batch[i];
         if (d->action == ACT_PARK) {
-            sanitize(d->reason);
+            /* The header keeps the decoder's words; the log line must stay one token. */
+            char logged[sizeof d->reason];
+            memcpy(logged, d->reason, sizeof logged);
+            sanitize(logged);
             lapse__log(c->cfg, LAPSE_LOG_WARN,
                        "event=decision order_id=%s decision=parked reason=\"%s\"",
-                       d->msg.order_id[0] ? d->msg.order_id : "-", d->reason);
+                       d->msg.order_id[0] ? d->msg.order_id : "-", logged);
             rc = park(c, d, err);
             c->stats.parked++;
             forwarded++;

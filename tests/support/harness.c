@@ -18,6 +18,8 @@
 
 extern char **environ;
 
+static void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+
 static void die(const char *fmt, ...)
 {
     va_list ap;
@@ -418,7 +420,9 @@ size_t h_drain(amqp_connection_state_t conn, const char *queue, int idle_ms, h_m
         }
         h_msg_t m = {.len = msg.body.len, .redelivered = ok->redelivered};
         m.body = malloc(msg.body.len + 1);
-        memcpy(m.body, msg.body.bytes, msg.body.len);
+        if (msg.body.len > 0) { /* an empty body has bytes == NULL */
+            memcpy(m.body, msg.body.bytes, msg.body.len);
+        }
         m.body[msg.body.len] = '\0';
         if (msg.properties._flags & AMQP_BASIC_MESSAGE_ID_FLAG) {
             size_t l = msg.properties.message_id.len;
