@@ -20,8 +20,7 @@ extern char **environ;
 
 static void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
 
-static void die(const char *fmt, ...)
-{
+static void die(const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     fprintf(stderr, "harness: ");
@@ -31,22 +30,19 @@ static void die(const char *fmt, ...)
     exit(1);
 }
 
-static int64_t now_ms(void)
-{
+static int64_t now_ms(void) {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-int h_ms(int ms)
-{
+int h_ms(int ms) {
     const char *m = getenv("LAPSE_TEST_TIMEOUT_MULTIPLIER");
     int mult = m ? atoi(m) : 1;
     return ms * (mult > 0 ? mult : 1);
 }
 
-void h_setup(h_ctx_t *h, const char *name, const char *classes, bool declare)
-{
+void h_setup(h_ctx_t *h, const char *name, const char *classes, bool declare) {
     memset(h, 0, sizeof *h);
     const char *url = getenv("LAPSE_TEST_AMQP_URL");
     h->bin = getenv("LAPSE_BIN");
@@ -72,8 +68,7 @@ void h_setup(h_ctx_t *h, const char *name, const char *classes, bool declare)
     }
 }
 
-void h_teardown(h_ctx_t *h)
-{
+void h_teardown(h_ctx_t *h) {
     if (h->db) {
         sqlite3_close(h->db);
         h->db = NULL;
@@ -88,16 +83,14 @@ void h_teardown(h_ctx_t *h)
     }
 }
 
-const char *h_path(h_ctx_t *h, const char *file)
-{
+const char *h_path(h_ctx_t *h, const char *file) {
     static char path[PATH_MAX + 64];
     snprintf(path, sizeof path, "%s/%s", h->dir, file);
     return path;
 }
 
 /* argv: lapse --amqp URL --store URI --prefix P --classes C <args...> */
-static char **build_argv(h_ctx_t *h, const char *const *args, size_t n_args)
-{
+static char **build_argv(h_ctx_t *h, const char *const *args, size_t n_args) {
     char **argv = calloc(n_args + 10, sizeof *argv);
     size_t i = 0;
     argv[i++] = (char *)h->bin;
@@ -117,8 +110,7 @@ static char **build_argv(h_ctx_t *h, const char *const *args, size_t n_args)
 }
 
 static pid_t spawn(h_ctx_t *h, const char *const *args, size_t n_args, int out_fd,
-                   const char *err_file)
-{
+                   const char *err_file) {
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
     posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
@@ -129,7 +121,8 @@ static pid_t spawn(h_ctx_t *h, const char *const *args, size_t n_args, int out_f
     }
     char err_path[PATH_MAX + 64];
     snprintf(err_path, sizeof err_path, "%s/%s", h->dir, err_file);
-    posix_spawn_file_actions_addopen(&fa, 2, err_path, O_WRONLY | O_CREAT | O_APPEND, 0644);
+    posix_spawn_file_actions_addopen(&fa, 2, err_path, O_WRONLY | O_CREAT | O_APPEND,
+                                     0644);
     char **argv = build_argv(h, args, n_args);
     pid_t pid;
     int rc = posix_spawn(&pid, h->bin, &fa, NULL, argv, environ);
@@ -141,8 +134,7 @@ static pid_t spawn(h_ctx_t *h, const char *const *args, size_t n_args, int out_f
     return pid;
 }
 
-int h_lapse(h_ctx_t *h, char *out, size_t cap, ...)
-{
+int h_lapse(h_ctx_t *h, char *out, size_t cap, ...) {
     const char *args[64];
     size_t n = 0;
     va_list ap;
@@ -169,8 +161,7 @@ int h_lapse(h_ctx_t *h, char *out, size_t cap, ...)
     return code;
 }
 
-int h_run(h_ctx_t *h, char *out, size_t cap, ...)
-{
+int h_run(h_ctx_t *h, char *out, size_t cap, ...) {
     char *argv[64];
     size_t n = 0;
     argv[n++] = (char *)h->bin;
@@ -193,7 +184,8 @@ int h_run(h_ctx_t *h, char *out, size_t cap, ...)
     posix_spawn_file_actions_init(&fa);
     posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
     posix_spawn_file_actions_adddup2(&fa, fd, 1);
-    posix_spawn_file_actions_addopen(&fa, 2, err_path, O_WRONLY | O_CREAT | O_APPEND, 0644);
+    posix_spawn_file_actions_addopen(&fa, 2, err_path, O_WRONLY | O_CREAT | O_APPEND,
+                                     0644);
     pid_t pid;
     int rc = posix_spawn(&pid, h->bin, &fa, NULL, argv, environ);
     posix_spawn_file_actions_destroy(&fa);
@@ -211,8 +203,7 @@ int h_run(h_ctx_t *h, char *out, size_t cap, ...)
     return code;
 }
 
-pid_t h_spawn_consumer(h_ctx_t *h, const char *log, const char *const *extra)
-{
+pid_t h_spawn_consumer(h_ctx_t *h, const char *log, const char *const *extra) {
     const char *args[16] = {"consume"};
     size_t n = 1;
     for (size_t i = 0; extra && extra[i] && n < 15; i++) {
@@ -221,14 +212,12 @@ pid_t h_spawn_consumer(h_ctx_t *h, const char *log, const char *const *extra)
     return spawn(h, args, n, -1, log);
 }
 
-bool h_alive(pid_t pid)
-{
+bool h_alive(pid_t pid) {
     int status;
     return waitpid(pid, &status, WNOHANG) == 0;
 }
 
-int h_stop(pid_t pid, int sig, int timeout_ms)
-{
+int h_stop(pid_t pid, int sig, int timeout_ms) {
     if (sig) {
         kill(pid, sig);
     }
@@ -252,10 +241,10 @@ int h_stop(pid_t pid, int sig, int timeout_ms)
     return 128 + WTERMSIG(status);
 }
 
-static sqlite3 *db_of(h_ctx_t *h)
-{
+static sqlite3 *db_of(h_ctx_t *h) {
     if (!h->db) {
-        if (sqlite3_open_v2(h->db_path, &h->db, SQLITE_OPEN_READONLY, NULL) != SQLITE_OK) {
+        if (sqlite3_open_v2(h->db_path, &h->db, SQLITE_OPEN_READONLY, NULL) !=
+            SQLITE_OK) {
             die("open %s: %s", h->db_path, sqlite3_errmsg(h->db));
         }
         sqlite3_busy_timeout(h->db, 5000);
@@ -263,8 +252,7 @@ static sqlite3 *db_of(h_ctx_t *h)
     return h->db;
 }
 
-static int64_t sql_int_v(h_ctx_t *h, const char *fmt, va_list ap)
-{
+static int64_t sql_int_v(h_ctx_t *h, const char *fmt, va_list ap) {
     char *sql = sqlite3_vmprintf(fmt, ap);
     sqlite3_stmt *st = NULL;
     int64_t v = -1;
@@ -282,8 +270,7 @@ static int64_t sql_int_v(h_ctx_t *h, const char *fmt, va_list ap)
     return v;
 }
 
-int64_t h_sql_int(h_ctx_t *h, const char *sql_fmt, ...)
-{
+int64_t h_sql_int(h_ctx_t *h, const char *sql_fmt, ...) {
     va_list ap;
     va_start(ap, sql_fmt);
     int64_t v = sql_int_v(h, sql_fmt, ap);
@@ -291,8 +278,7 @@ int64_t h_sql_int(h_ctx_t *h, const char *sql_fmt, ...)
     return v;
 }
 
-int64_t h_wait_sql(h_ctx_t *h, int64_t expect, int timeout_ms, const char *sql_fmt, ...)
-{
+int64_t h_wait_sql(h_ctx_t *h, int64_t expect, int timeout_ms, const char *sql_fmt, ...) {
     int64_t until = now_ms() + timeout_ms;
     int64_t v;
     for (;;) {
@@ -307,8 +293,7 @@ int64_t h_wait_sql(h_ctx_t *h, int64_t expect, int timeout_ms, const char *sql_f
     }
 }
 
-size_t h_count_lines(h_ctx_t *h, const char *file, const char *needle)
-{
+size_t h_count_lines(h_ctx_t *h, const char *file, const char *needle) {
     char path[PATH_MAX + 64];
     snprintf(path, sizeof path, "%s/%s", h->dir, file);
     FILE *f = fopen(path, "r");
@@ -326,16 +311,14 @@ size_t h_count_lines(h_ctx_t *h, const char *file, const char *needle)
     return n;
 }
 
-static void check_reply(amqp_connection_state_t conn, const char *what)
-{
+static void check_reply(amqp_connection_state_t conn, const char *what) {
     amqp_rpc_reply_t r = amqp_get_rpc_reply(conn);
     if (r.reply_type != AMQP_RESPONSE_NORMAL) {
         die("%s failed (reply type %d)", what, (int)r.reply_type);
     }
 }
 
-amqp_connection_state_t h_amqp_open(h_ctx_t *h)
-{
+amqp_connection_state_t h_amqp_open(h_ctx_t *h) {
     char url[512];
     snprintf(url, sizeof url, "%s", h->amqp);
     struct amqp_connection_info info;
@@ -362,16 +345,14 @@ amqp_connection_state_t h_amqp_open(h_ctx_t *h)
     return conn;
 }
 
-void h_amqp_close(amqp_connection_state_t conn)
-{
+void h_amqp_close(amqp_connection_state_t conn) {
     amqp_channel_close(conn, 1, AMQP_REPLY_SUCCESS);
     amqp_connection_close(conn, AMQP_REPLY_SUCCESS);
     amqp_destroy_connection(conn);
 }
 
-void h_tap(h_ctx_t *h, amqp_connection_state_t conn, const char *suffix, const char *exchange,
-           const char *routing_key)
-{
+void h_tap(h_ctx_t *h, amqp_connection_state_t conn, const char *suffix,
+           const char *exchange, const char *routing_key) {
     char queue[256];
     snprintf(queue, sizeof queue, "%s.%s", h->prefix, suffix);
     amqp_queue_declare(conn, 1, amqp_cstring_bytes(queue), 0, 1, 0, 0, amqp_empty_table);
@@ -382,8 +363,7 @@ void h_tap(h_ctx_t *h, amqp_connection_state_t conn, const char *suffix, const c
 }
 
 static void header_str(const amqp_basic_properties_t *p, const char *key, char *buf,
-                       size_t cap)
-{
+                       size_t cap) {
     buf[0] = '\0';
     if (!(p->_flags & AMQP_BASIC_HEADERS_FLAG)) {
         return;
@@ -391,8 +371,10 @@ static void header_str(const amqp_basic_properties_t *p, const char *key, char *
     for (int i = 0; i < p->headers.num_entries; i++) {
         amqp_table_entry_t *e = &p->headers.entries[i];
         if (e->key.len == strlen(key) && memcmp(e->key.bytes, key, e->key.len) == 0 &&
-            (e->value.kind == AMQP_FIELD_KIND_UTF8 || e->value.kind == AMQP_FIELD_KIND_BYTES)) {
-            size_t n = e->value.value.bytes.len < cap - 1 ? e->value.value.bytes.len : cap - 1;
+            (e->value.kind == AMQP_FIELD_KIND_UTF8 ||
+             e->value.kind == AMQP_FIELD_KIND_BYTES)) {
+            size_t n =
+                e->value.value.bytes.len < cap - 1 ? e->value.value.bytes.len : cap - 1;
             memcpy(buf, e->value.value.bytes.bytes, n);
             buf[n] = '\0';
         }
@@ -400,8 +382,7 @@ static void header_str(const amqp_basic_properties_t *p, const char *key, char *
 }
 
 size_t h_drain(amqp_connection_state_t conn, const char *queue, int idle_ms, h_msg_cb cb,
-               void *opaque)
-{
+               void *opaque) {
     size_t n = 0;
     int64_t idle_until = now_ms() + idle_ms;
     while (now_ms() <= idle_until) {
@@ -445,8 +426,7 @@ size_t h_drain(amqp_connection_state_t conn, const char *queue, int idle_ms, h_m
 
 void h_publish_raw(amqp_connection_state_t conn, const char *exchange,
                    const char *routing_key, const void *body, size_t len,
-                   const char *message_id)
-{
+                   const char *message_id) {
     amqp_basic_properties_t props;
     memset(&props, 0, sizeof props);
     props._flags = AMQP_BASIC_DELIVERY_MODE_FLAG;
@@ -462,27 +442,23 @@ void h_publish_raw(amqp_connection_state_t conn, const char *exchange,
     }
 }
 
-int64_t h_queue_depth(amqp_connection_state_t conn, const char *queue)
-{
-    amqp_queue_declare_ok_t *ok =
-        amqp_queue_declare(conn, 1, amqp_cstring_bytes(queue), 1, 0, 0, 0, amqp_empty_table);
+int64_t h_queue_depth(amqp_connection_state_t conn, const char *queue) {
+    amqp_queue_declare_ok_t *ok = amqp_queue_declare(conn, 1, amqp_cstring_bytes(queue),
+                                                     1, 0, 0, 0, amqp_empty_table);
     check_reply(conn, "passive declare");
     return ok->message_count;
 }
 
-static int cmp_i64(const void *a, const void *b)
-{
+static int cmp_i64(const void *a, const void *b) {
     int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
     return (x > y) - (x < y);
 }
 
-void h_sort(int64_t *v, size_t n)
-{
+void h_sort(int64_t *v, size_t n) {
     qsort(v, n, sizeof *v, cmp_i64);
 }
 
-int64_t h_percentile(const int64_t *sorted, size_t n, double p)
-{
+int64_t h_percentile(const int64_t *sorted, size_t n, double p) {
     if (n == 0) {
         return -1;
     }

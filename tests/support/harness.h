@@ -75,8 +75,8 @@ const char *h_path(h_ctx_t *h, const char *file);
 amqp_connection_state_t h_amqp_open(h_ctx_t *h);
 void h_amqp_close(amqp_connection_state_t conn);
 /* Declare a queue named <prefix>.<suffix> bound to exchange with routing key. */
-void h_tap(h_ctx_t *h, amqp_connection_state_t conn, const char *suffix, const char *exchange,
-           const char *routing_key);
+void h_tap(h_ctx_t *h, amqp_connection_state_t conn, const char *suffix,
+           const char *exchange, const char *routing_key);
 /* basic.get every message of <queue> (acking it) until empty for idle_ms. */
 size_t h_drain(amqp_connection_state_t conn, const char *queue, int idle_ms, h_msg_cb cb,
                void *opaque);
