@@ -37,12 +37,13 @@ int cli_fail(lapse_status_t rc, const lapse_error_t *err, const char *what) {
     return cli_exit_code(rc);
 }
 
-int cli_usage_error(const char *cmd, const char *usage, const char *fmt, ...) {
+int cli_usage_error(const char *cmd, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
+    /* One line, as DESIGN.md asks of every error; the usage is one --help away. */
     fprintf(stderr, "lapse %s: ", cmd);
     vfprintf(stderr, fmt, ap);
-    fprintf(stderr, "\n%s", usage);
+    fprintf(stderr, " (see 'lapse %s --help')\n", cmd);
     va_end(ap);
     return CLI_EXIT_USAGE;
 }

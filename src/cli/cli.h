@@ -37,9 +37,10 @@ int cli_exit_code(lapse_status_t rc);
 /** Print "lapse: <what>: <reason>" to stderr; returns cli_exit_code(rc). */
 int cli_fail(lapse_status_t rc, const lapse_error_t *err, const char *what);
 
-/** Print "lapse <cmd>: <msg>" and a hint to stderr; returns CLI_EXIT_USAGE. */
-int cli_usage_error(const char *cmd, const char *usage, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
+/** Print "lapse <cmd>: <msg> (see 'lapse <cmd> --help')" to stderr as one line; returns
+ *  CLI_EXIT_USAGE. */
+int cli_usage_error(const char *cmd, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
 
 /** Log sink writing "<time> level=<l> <line>" to stderr. */
 void cli_log_stderr(void *opaque, lapse_log_level_t level, const char *line);

@@ -25,17 +25,16 @@ int cmd_consume(cli_t *cli, int argc, char **argv) {
             return CLI_EXIT_OK;
         }
         if (opt != 'p') {
-            return cli_usage_error("consume", usage, "unknown or incomplete option '%s'",
+            return cli_usage_error("consume", "unknown or incomplete option '%s'",
                                    argv[optind - 1]);
         }
         lapse_error_t err = {0};
         if (lapse_config_set(cli->cfg, "prefetch", optarg, &err) != LAPSE_OK) {
-            return cli_usage_error("consume", usage, "--prefetch: %s", err.text);
+            return cli_usage_error("consume", "--prefetch: %s", err.text);
         }
     }
     if (optind != argc) {
-        return cli_usage_error("consume", usage, "unexpected argument '%s'",
-                               argv[optind]);
+        return cli_usage_error("consume", "unexpected argument '%s'", argv[optind]);
     }
     volatile sig_atomic_t *stop = cli_install_stop_handlers();
     int code = CLI_EXIT_OK;

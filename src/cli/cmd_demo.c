@@ -107,7 +107,7 @@ int cmd_demo(cli_t *cli, int argc, char **argv) {
         return CLI_EXIT_OK;
     }
     if (argc != 1) {
-        return cli_usage_error("demo", usage, "unexpected argument '%s'", argv[1]);
+        return cli_usage_error("demo", "unexpected argument '%s'", argv[1]);
     }
     int64_t windows[2];
     char classes[256];
@@ -121,7 +121,7 @@ int cmd_demo(cli_t *cli, int argc, char **argv) {
         windows[n_windows++] = windows[0];
     }
     if (windows[1] > 60000) {
-        return cli_usage_error("demo", usage,
+        return cli_usage_error("demo",
                                "the demo needs classes of at most 60s (got %s); try "
                                "--classes 5s,8s",
                                lapse_config_get(cli->cfg, "classes"));

@@ -18,11 +18,11 @@ int cmd_pay(cli_t *cli, int argc, char **argv) {
         return CLI_EXIT_OK;
     }
     if (argc != 2 || argv[1][0] == '-') {
-        return cli_usage_error("pay", usage, "expected exactly one ORDER_ID");
+        return cli_usage_error("pay", "expected exactly one ORDER_ID");
     }
     const char *order_id = argv[1];
     if (!lapse_order_id_is_valid(order_id, strlen(order_id))) {
-        return cli_usage_error("pay", usage, "invalid order id '%s'", order_id);
+        return cli_usage_error("pay", "invalid order id '%s'", order_id);
     }
     int code = CLI_EXIT_OK;
     lapse_store_t *store = cli_open_store(cli, &code);

@@ -224,13 +224,12 @@ int cmd_publish(cli_t *cli, int argc, char **argv) {
                 timeout = optarg;
                 break;
             case 'd':
-                return cli_usage_error("publish", usage,
+                return cli_usage_error("publish",
                                        "--deadline is not supported yet: use --timeout "
                                        "with one of the configured classes");
             case 'H':
                 if (n_holds == MAX_HOLDS) {
-                    return cli_usage_error("publish", usage, "at most %d --hold",
-                                           MAX_HOLDS);
+                    return cli_usage_error("publish", "at most %d --hold", MAX_HOLDS);
                 }
                 holds[n_holds++] = optarg;
                 break;
@@ -241,34 +240,31 @@ int cmd_publish(cli_t *cli, int argc, char **argv) {
                 fputs(usage, stdout);
                 return CLI_EXIT_OK;
             default:
-                return cli_usage_error("publish", usage,
-                                       "unknown or incomplete option '%s'",
+                return cli_usage_error("publish", "unknown or incomplete option '%s'",
                                        argv[optind - 1]);
         }
     }
     if (batch) {
         if (optind != argc || n_holds > 0) {
-            return cli_usage_error("publish", usage,
-                                   "--batch takes no ORDER_ID and no --hold");
+            return cli_usage_error("publish", "--batch takes no ORDER_ID and no --hold");
         }
         return publish_batch(cli, batch);
     }
     if (optind + 1 != argc) {
-        return cli_usage_error("publish", usage, "expected exactly one ORDER_ID");
+        return cli_usage_error("publish", "expected exactly one ORDER_ID");
     }
     const char *order_id = argv[optind];
     if (!lapse_order_id_is_valid(order_id, strlen(order_id))) {
-        return cli_usage_error("publish", usage,
-                               "invalid order id '%s': 1-128 bytes of [A-Za-z0-9._:-]",
-                               order_id);
+        return cli_usage_error(
+            "publish", "invalid order id '%s': 1-128 bytes of [A-Za-z0-9._:-]", order_id);
     }
     int64_t timeout_ms;
     if (lapse_duration_parse(timeout, &timeout_ms) != LAPSE_OK) {
-        return cli_usage_error("publish", usage,
-                               "invalid --timeout '%s' (e.g. 90s, 30m, 2h)", timeout);
+        return cli_usage_error("publish", "invalid --timeout '%s' (e.g. 90s, 30m, 2h)",
+                               timeout);
     }
     if (!lapse_config_has_class(cli->cfg, timeout_ms)) {
-        return cli_usage_error("publish", usage,
+        return cli_usage_error("publish",
                                "--timeout %s matches no configured class (classes: %s); "
                                "add it with --classes",
                                timeout, lapse_config_get(cli->cfg, "classes"));
@@ -276,7 +272,7 @@ int cmd_publish(cli_t *cli, int argc, char **argv) {
     for (size_t i = 0; i < n_holds; i++) {
         size_t hl = strlen(holds[i]);
         if (hl == 0 || hl > 256) {
-            return cli_usage_error("publish", usage, "--hold must be 1-256 bytes");
+            return cli_usage_error("publish", "--hold must be 1-256 bytes");
         }
     }
     return publish_one(cli, order_id, timeout_ms, holds, n_holds);

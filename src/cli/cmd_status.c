@@ -133,13 +133,12 @@ int cmd_status(cli_t *cli, int argc, char **argv) {
             return CLI_EXIT_OK;
         }
         if (opt != 'j') {
-            return cli_usage_error("status", usage, "unknown option '%s'",
-                                   argv[optind - 1]);
+            return cli_usage_error("status", "unknown option '%s'", argv[optind - 1]);
         }
         as_json = 1;
     }
     if (argc - optind > 1) {
-        return cli_usage_error("status", usage, "at most one ORDER_ID");
+        return cli_usage_error("status", "at most one ORDER_ID");
     }
     int code = CLI_EXIT_OK;
     lapse_store_t *store = cli_open_store(cli, &code);

@@ -18,7 +18,7 @@ int cmd_topology(cli_t *cli, int argc, char **argv) {
         return CLI_EXIT_OK;
     }
     if (argc != 2) {
-        return cli_usage_error("topology", usage, "expected 'declare' or 'export'");
+        return cli_usage_error("topology", "expected 'declare' or 'export'");
     }
     if (strcmp(argv[1], "export") == 0) {
         char *json = lapse_topology_export(cli->cfg);
@@ -42,5 +42,5 @@ int cmd_topology(cli_t *cli, int argc, char **argv) {
                lapse_config_get(cli->cfg, "classes"));
         return CLI_EXIT_OK;
     }
-    return cli_usage_error("topology", usage, "unknown action '%s'", argv[1]);
+    return cli_usage_error("topology", "unknown action '%s'", argv[1]);
 }

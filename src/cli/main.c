@@ -111,7 +111,7 @@ int main(int argc, char **argv) {
             }
         }
         if (g == sizeof globals / sizeof globals[0]) {
-            fprintf(stderr, "lapse: unknown option '%s'\n%s", flag, usage);
+            fprintf(stderr, "lapse: unknown option '%s' (see 'lapse --help')\n", flag);
             code = CLI_EXIT_USAGE;
             goto out;
         }
@@ -120,7 +120,8 @@ int main(int argc, char **argv) {
         } else if (i + 1 < argc) {
             value = argv[++i];
         } else {
-            fprintf(stderr, "lapse: option '%s' needs a value\n%s", flag, usage);
+            fprintf(stderr, "lapse: option '%s' needs a value (see 'lapse --help')\n",
+                    flag);
             code = CLI_EXIT_USAGE;
             goto out;
         }
@@ -132,7 +133,7 @@ int main(int argc, char **argv) {
         }
     }
     if (i >= argc) {
-        fprintf(stderr, "lapse: no command given\n%s", usage);
+        fprintf(stderr, "lapse: no command given (see 'lapse --help')\n");
         code = CLI_EXIT_USAGE;
         goto out;
     }
@@ -143,7 +144,7 @@ int main(int argc, char **argv) {
             goto out;
         }
     }
-    fprintf(stderr, "lapse: unknown command '%s'\n%s", argv[i], usage);
+    fprintf(stderr, "lapse: unknown command '%s' (see 'lapse --help')\n", argv[i]);
     code = CLI_EXIT_USAGE;
 out:
     lapse_config_free(cfg);

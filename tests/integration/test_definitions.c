@@ -1,0 +1,403 @@
+/* SPDX-License-Identifier: MIT
+ * Test f: definitions/ equals `topology export`; an import alone cancels orders. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+
+#include <cmocka.h>
+
+#include "harness.h"
+
+#include <fcntl.h>
+#include <jansson.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+extern char **environ;
+
+#define OUT_CAP 65536
+
+static char *read_file(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        return NULL;
+    }
+    char *buf = malloc(OUT_CAP);
+    size_t n = buf ? fread(buf, 1, OUT_CAP - 1, f) : 0;
+    fclose(f);
+    if (buf) {
+        buf[n] = '\0';
+    }
+    return buf;
+}
+
+static void chomp(char *s) {
+    size_t n = strlen(s);
+    while (n > 0 && (s[n - 1] == '\n' || s[n - 1] == '\r')) {
+        s[--n] = '\0';
+    }
+}
+
+/* The management API through the curl command: returns the HTTP status (-1 when curl
+ * did not run); the response body goes to <dir>/http.out. */
+static int http(h_ctx_t *h, const char *method, const char *path, const char *body_file,
+                const char *body) {
+    const char *base = getenv("LAPSE_TEST_MGMT_URL");
+    assert_non_null(base);
+    char url[1024], data[PATH_MAX + 8], resp[PATH_MAX + 16], code_path[PATH_MAX + 16];
+    snprintf(url, sizeof url, "%s%s", base, path);
+    /* First: body_file may be h_path's static buffer, which the next lines reuse. */
+    snprintf(data, sizeof data, "@%s", body_file ? body_file : "");
+    snprintf(resp, sizeof resp, "%s", h_path(h, "http.out"));
+    snprintf(code_path, sizeof code_path, "%s", h_path(h, "http.code"));
+    const char *argv[24];
+    size_t n = 0;
+    argv[n++] = "curl";
+    argv[n++] = "-sS";
+    argv[n++] = "--max-time";
+    argv[n++] = "30";
+    argv[n++] = "-u";
+    argv[n++] = "guest:guest";
+    argv[n++] = "-o";
+    argv[n++] = resp;
+    argv[n++] = "-w";
+    argv[n++] = "%{http_code}";
+    argv[n++] = "-X";
+    argv[n++] = method;
+    if (body_file || body) {
+        argv[n++] = "-H";
+        argv[n++] = "content-type: application/json";
+        argv[n++] = "--data-binary";
+        argv[n++] = body_file ? data : body;
+    }
+    argv[n++] = url;
+    argv[n] = NULL;
+
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+    posix_spawn_file_actions_addopen(&fa, 1, code_path, O_WRONLY | O_CREAT | O_TRUNC,
+                                     0644);
+    posix_spawn_file_actions_addopen(&fa, 2, h_path(h, "curl.log"),
+                                     O_WRONLY | O_CREAT | O_APPEND, 0644);
+    pid_t pid;
+    int rc = posix_spawnp(&pid, "curl", &fa, NULL, (char *const *)argv, environ);
+    posix_spawn_file_actions_destroy(&fa);
+    if (rc != 0) {
+        fprintf(stderr, "spawn curl: %s\n", strerror(rc));
+        return -1;
+    }
+    if (h_stop(pid, 0, h_ms(60000)) != 0) {
+        return -1;
+    }
+    char *code = read_file(code_path);
+    int status = code ? atoi(code) : -1;
+    free(code);
+    fprintf(stderr, "http %s %s -> %d\n", method, path, status);
+    return status;
+}
+
+static json_t *find_named(json_t *array, const char *key, const char *name) {
+    size_t i;
+    json_t *item;
+    json_array_foreach(array, i, item) {
+        const char *v = json_string_value(json_object_get(item, key));
+        if (v && strcmp(v, name) == 0) {
+            return item;
+        }
+    }
+    return NULL;
+}
+
+static const char *arg_str(json_t *obj, const char *key) {
+    return json_string_value(json_object_get(json_object_get(obj, "arguments"), key));
+}
+
+static json_int_t arg_int(json_t *obj, const char *key) {
+    json_t *v = json_object_get(json_object_get(obj, "arguments"), key);
+    assert_true(json_is_integer(v));
+    return json_integer_value(v);
+}
+
+static void assert_binding(json_t *bindings, const char *source, const char *dest,
+                           const char *rk) {
+    size_t i;
+    json_t *b;
+    json_array_foreach(bindings, i, b) {
+        if (strcmp(json_string_value(json_object_get(b, "source")), source) == 0 &&
+            strcmp(json_string_value(json_object_get(b, "destination")), dest) == 0 &&
+            strcmp(json_string_value(json_object_get(b, "destination_type")), "queue") ==
+                0 &&
+            strcmp(json_string_value(json_object_get(b, "routing_key")), rk) == 0) {
+            return;
+        }
+    }
+    fail_msg("no binding %s -> %s with key '%s'", source, dest, rk);
+}
+
+static void unset_lapse_env(void) {
+    unsetenv("LAPSE_AMQP_URL");
+    unsetenv("LAPSE_STORE");
+    unsetenv("LAPSE_PREFIX");
+    unsetenv("LAPSE_CLASSES");
+}
+
+static void test_export_equals_definitions_file(void **state) {
+    (void)state;
+    const char *src = getenv("LAPSE_SOURCE_DIR");
+    assert_non_null(src);
+    h_ctx_t h;
+    h_setup(&h, "defs-export", "30m", false);
+    unset_lapse_env();
+
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/definitions/definitions.json", src);
+    char *file = read_file(path);
+    assert_non_null(file);
+    chomp(file);
+
+    /* The built-in defaults, and the same given as flags, print exactly the file. */
+    char *out = malloc(OUT_CAP);
+    assert_non_null(out);
+    assert_int_equal(h_run(&h, out, OUT_CAP, "topology", "export", NULL), 0);
+    chomp(out);
+    assert_string_equal(out, file);
+    assert_int_equal(h_run(&h, out, OUT_CAP, "--prefix", "lapse", "--classes", "30m",
+                           "topology", "export", NULL),
+                     0);
+    chomp(out);
+    assert_string_equal(out, file);
+    /* ...and another class list does not (the comparison can tell them apart). */
+    assert_int_equal(
+        h_run(&h, out, OUT_CAP, "--classes", "15m,30m", "topology", "export", NULL), 0);
+    chomp(out);
+    assert_string_not_equal(out, file);
+    free(out);
+
+    json_error_t jerr;
+    json_t *root = json_loads(file, 0, &jerr);
+    if (!root) {
+        fail_msg("%s: line %d: %s", path, jerr.line, jerr.text);
+    }
+    json_t *queues = json_object_get(root, "queues");
+    json_t *exchanges = json_object_get(root, "exchanges");
+    json_t *bindings = json_object_get(root, "bindings");
+    assert_true(json_is_array(queues));
+    assert_true(json_is_array(exchanges));
+    assert_true(json_is_array(bindings));
+
+    json_t *hold = find_named(queues, "name", "lapse.hold.30m");
+    assert_non_null(hold);
+    assert_int_equal(arg_int(hold, "x-message-ttl"), 1800000);
+    assert_string_equal(arg_str(hold, "x-dead-letter-exchange"), "lapse.expired");
+    assert_string_equal(arg_str(hold, "x-dead-letter-routing-key"), "order.expired");
+    json_t *expired = find_named(queues, "name", "lapse.expired");
+    assert_non_null(expired);
+    assert_string_equal(arg_str(expired, "x-dead-letter-exchange"), "lapse.parked");
+    assert_non_null(find_named(queues, "name", "lapse.parked"));
+
+    size_t i;
+    json_t *q;
+    json_array_foreach(queues, i, q) {
+        const char *name = json_string_value(json_object_get(q, "name"));
+        assert_non_null(name);
+        assert_true(strncmp(name, "lapse.", 6) == 0);
+        assert_true(json_is_true(json_object_get(q, "durable")));
+        assert_true(json_is_false(json_object_get(q, "auto_delete")));
+        assert_true(json_is_object(json_object_get(q, "arguments")));
+        if (json_object_get(json_object_get(q, "arguments"), "x-expires")) {
+            fail_msg("queue %s has x-expires", name);
+        }
+    }
+
+    json_t *x_expired = find_named(exchanges, "name", "lapse.expired");
+    assert_non_null(x_expired);
+    assert_string_equal(json_string_value(json_object_get(x_expired, "type")), "direct");
+    assert_string_equal(arg_str(x_expired, "alternate-exchange"), "lapse.parked");
+    json_t *x_hold = find_named(exchanges, "name", "lapse.hold");
+    assert_non_null(x_hold);
+    assert_string_equal(json_string_value(json_object_get(x_hold, "type")), "direct");
+    json_t *x_parked = find_named(exchanges, "name", "lapse.parked");
+    assert_non_null(x_parked);
+    assert_string_equal(json_string_value(json_object_get(x_parked, "type")), "fanout");
+    json_t *x_events = find_named(exchanges, "name", "lapse.events");
+    assert_non_null(x_events);
+    assert_string_equal(json_string_value(json_object_get(x_events, "type")), "topic");
+    json_t *x;
+    json_array_foreach(exchanges, i, x) {
+        assert_true(json_is_true(json_object_get(x, "durable")));
+    }
+
+    assert_binding(bindings, "lapse.hold", "lapse.hold.30m", "30m");
+    assert_binding(bindings, "lapse.expired", "lapse.expired", "order.expired");
+    assert_binding(bindings, "lapse.parked", "lapse.parked", "");
+    json_decref(root);
+    free(file);
+    h_teardown(&h);
+}
+
+/* Cleanup that must also happen when an assertion fails mid-test. */
+static struct {
+    char vhost[96];
+    bool vhost_made;
+    pid_t consumer;
+    h_ctx_t h;
+} imp;
+
+static int import_teardown(void **state) {
+    (void)state;
+    if (imp.consumer > 0) {
+        h_stop(imp.consumer, SIGKILL, h_ms(10000));
+        imp.consumer = 0;
+    }
+    if (imp.vhost_made) {
+        char path[256];
+        snprintf(path, sizeof path, "/api/vhosts/%s", imp.vhost);
+        http(&imp.h, "DELETE", path, NULL, NULL);
+        imp.vhost_made = false;
+    }
+    return 0;
+}
+
+static json_t *get_json(h_ctx_t *h, const char *path) {
+    assert_int_equal(http(h, "GET", path, NULL, NULL), 200);
+    char *body = read_file(h_path(h, "http.out"));
+    assert_non_null(body);
+    json_t *root = json_loads(body, 0, NULL);
+    free(body);
+    assert_non_null(root);
+    return root;
+}
+
+static void test_import_into_fresh_vhost(void **state) {
+    (void)state;
+    const char *src = getenv("LAPSE_SOURCE_DIR");
+    const char *base_url = getenv("LAPSE_TEST_AMQP_URL");
+    assert_non_null(src);
+    assert_non_null(base_url);
+    h_ctx_t *h = &imp.h;
+    h_setup(h, "defs-import", "2s", false);
+    unset_lapse_env();
+    /* The vhost is fresh, so the default names are free to use. */
+    snprintf(h->prefix, sizeof h->prefix, "lapse");
+    snprintf(imp.vhost, sizeof imp.vhost, "lapse-import-%d", (int)getpid());
+
+    char path[512];
+    snprintf(path, sizeof path, "/api/vhosts/%s", imp.vhost);
+    int code = http(h, "PUT", path, NULL, NULL);
+    assert_true(code == 201 || code == 204);
+    imp.vhost_made = true;
+    snprintf(path, sizeof path, "/api/permissions/%s/guest", imp.vhost);
+    code = http(h, "PUT", path, NULL,
+                "{\"configure\":\".*\",\"write\":\".*\",\"read\":\".*\"}");
+    assert_true(code == 201 || code == 204);
+
+    /* 1. The committed file imports as it is, into the vhost named in the path. */
+    char file[PATH_MAX];
+    snprintf(file, sizeof file, "%s/definitions/definitions.json", src);
+    snprintf(path, sizeof path, "/api/definitions/%s", imp.vhost);
+    code = http(h, "POST", path, file, NULL);
+    assert_true(code == 201 || code == 204);
+    snprintf(path, sizeof path, "/api/queues/%s/lapse.hold.30m", imp.vhost);
+    json_t *q = get_json(h, path);
+    assert_int_equal(arg_int(q, "x-message-ttl"), 1800000);
+    assert_string_equal(arg_str(q, "x-dead-letter-exchange"), "lapse.expired");
+    assert_true(json_is_true(json_object_get(q, "durable")));
+    json_decref(q);
+    snprintf(path, sizeof path, "/api/exchanges/%s/lapse.expired", imp.vhost);
+    json_t *x = get_json(h, path);
+    assert_string_equal(arg_str(x, "alternate-exchange"), "lapse.parked");
+    json_decref(x);
+    /* Nothing of it went to the file's own vhost "/" (nothing else on this private node
+     * uses the default prefix). */
+    assert_int_equal(http(h, "GET", "/api/queues/%2f/lapse.hold.30m", NULL, NULL), 404);
+
+    /* 2. A short class, exported and imported the same way: no `topology declare`. */
+    char *defs = malloc(OUT_CAP);
+    assert_non_null(defs);
+    assert_int_equal(h_run(h, defs, OUT_CAP, "--prefix", "lapse", "--classes", "2s",
+                           "topology", "export", NULL),
+                     0);
+    FILE *f = fopen(h_path(h, "defs-2s.json"), "w");
+    assert_non_null(f);
+    fputs(defs, f);
+    fclose(f);
+    free(defs);
+    snprintf(path, sizeof path, "/api/definitions/%s", imp.vhost);
+    code = http(h, "POST", path, h_path(h, "defs-2s.json"), NULL);
+    assert_true(code == 201 || code == 204);
+
+    /* amqp://guest:guest@127.0.0.1:PORT/%2f -> .../<vhost> */
+    snprintf(h->amqp, sizeof h->amqp, "%s", base_url);
+    char *slash = strrchr(h->amqp, '/');
+    assert_non_null(slash);
+    snprintf(slash + 1, sizeof h->amqp - (size_t)(slash + 1 - h->amqp), "%s", imp.vhost);
+
+    imp.consumer = h_spawn_consumer(h, "consumer.log", NULL);
+    assert_int_equal(
+        h_lapse(h, NULL, 0, "publish", "o1", "--timeout", "2s", "--hold", "seat-1", NULL),
+        0);
+    assert_int_equal(h_lapse(h, NULL, 0, "publish", "o2", "--timeout", "2s", NULL), 0);
+    assert_int_equal(h_lapse(h, NULL, 0, "pay", "o2", NULL), 0);
+    assert_int_equal(h_sql_int(h, "SELECT count(*) FROM orders WHERE scheduled = 1"), 2);
+
+    assert_int_equal(h_wait_sql(h, 1, h_ms(20000),
+                                "SELECT count(*) FROM orders WHERE order_id='o1' "
+                                "AND status='cancelled'"),
+                     1);
+    /* o2's message arrives too and is acked as a no-op. */
+    for (int t = 0;
+         t < h_ms(100) && h_count_lines(h, "consumer.log", "decision=noop_paid") < 1;
+         t++) {
+        usleep(100000);
+    }
+    assert_int_equal(h_count_lines(h, "consumer.log", "decision=noop_paid"), 1);
+    assert_int_equal(h_count_lines(h, "consumer.log", "decision=cancelled"), 1);
+    assert_int_equal(h_stop(imp.consumer, SIGTERM, h_ms(10000)), 0);
+    imp.consumer = 0;
+
+    assert_int_equal(h_sql_int(h, "SELECT count(*) FROM orders WHERE order_id='o2' AND "
+                                  "status='paid'"),
+                     1);
+    assert_int_equal(h_sql_int(h, "SELECT count(*) FROM orders WHERE order_id='o1' AND "
+                                  "cancelled_at_ms >= deadline_ms"),
+                     1);
+    assert_int_equal(h_sql_int(h, "SELECT count(*) FROM holds WHERE order_id='o1' AND "
+                                  "released_at_ms IS NOT NULL"),
+                     1);
+    assert_int_equal(h_sql_int(h, "SELECT count(*) FROM events"), 1);
+
+    /* The messages went the broker's way: all queues of the vhost are empty again. */
+    char out[4096];
+    assert_int_equal(h_lapse(h, out, sizeof out, "status", "--json", NULL), 0);
+    json_t *st = json_loads(out, 0, NULL);
+    assert_non_null(st);
+    const char *names[] = {"lapse.hold.2s", "lapse.hold.early", "lapse.expired",
+                           "lapse.parked"};
+    json_t *queues = json_object_get(st, "queues");
+    assert_int_equal(json_object_size(queues), 4);
+    for (size_t i = 0; i < 4; i++) {
+        json_t *qs = json_object_get(queues, names[i]);
+        assert_non_null(qs);
+        assert_int_equal(json_integer_value(json_object_get(qs, "messages")), 0);
+    }
+    json_decref(st);
+
+    snprintf(path, sizeof path, "/api/vhosts/%s", imp.vhost);
+    assert_int_equal(http(h, "DELETE", path, NULL, NULL), 204);
+    imp.vhost_made = false;
+    assert_int_equal(http(h, "GET", path, NULL, NULL), 404);
+    h_teardown(h);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_export_equals_definitions_file),
+        cmocka_unit_test_teardown(test_import_into_fresh_vhost, import_teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
