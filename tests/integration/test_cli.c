@@ -505,6 +505,25 @@ static int unset_env(void **state) {
     return 0;
 }
 
+/* A class configured here but not declared on the broker: the broker returns the
+ * mandatory publish, publish exits 1, and the order stays pending and unscheduled. */
+static void test_returned_publish_fails_and_stays_unscheduled(void **state) {
+    (void)state;
+    h_ctx_t h;
+    h_setup(&h, "cli-return", "2s", true);
+    snprintf(h.classes, sizeof h.classes, "2s,7s");
+    assert_int_equal(h_lapse(&h, NULL, 0, "publish", "r1", "--timeout", "7s", NULL), 1);
+    assert_int_equal(h_count_lines(&h, "cli.log", "r1: the broker returned"), 1);
+    assert_int_equal(h_sql_int(&h, "SELECT count(*) FROM orders WHERE order_id='r1' AND "
+                                   "status='pending' AND scheduled=0"),
+                     1);
+    /* The declared class still works on the same store. */
+    assert_int_equal(h_lapse(&h, NULL, 0, "publish", "r2", "--timeout", "2s", NULL), 0);
+    assert_int_equal(h_sql_int(&h, "SELECT scheduled FROM orders WHERE order_id='r2'"),
+                     1);
+    h_teardown(&h);
+}
+
 static void test_flag_beats_variable(void **state) {
     (void)state;
     h_ctx_t h;
@@ -549,6 +568,7 @@ int main(void) {
         cmocka_unit_test(test_publish_pay_status),
         cmocka_unit_test(test_batch_with_bad_lines),
         cmocka_unit_test(test_unreachable_broker),
+        cmocka_unit_test(test_returned_publish_fails_and_stays_unscheduled),
         cmocka_unit_test_teardown(test_flag_beats_variable, unset_env),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
