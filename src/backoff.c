@@ -4,6 +4,7 @@
 
 #include <stdlib.h>
 #include <time.h>
+#include <unistd.h>
 
 int64_t lapse__backoff_ms(unsigned attempt, int64_t base_ms, int64_t cap_ms) {
     int64_t ceiling = base_ms;
@@ -12,6 +13,12 @@ int64_t lapse__backoff_ms(unsigned attempt, int64_t base_ms, int64_t cap_ms) {
     }
     if (ceiling > cap_ms) {
         ceiling = cap_ms;
+    }
+    static bool seeded;
+    if (!seeded) {
+        /* Per process, or every consumer would draw the same "random" delays. */
+        srandom((unsigned)time(NULL) ^ (unsigned)getpid() << 16);
+        seeded = true;
     }
     /* Full jitter keeps competing consumers from reconnecting in lock-step; the floor of
      * base_ms keeps a retry from turning into a busy loop. */

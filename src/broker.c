@@ -39,8 +39,9 @@ static lapse_status_t server_close(lapse__broker_t *broker, const char *what,
     char reply[128];
     lapse__bytes_to_str(text, reply, sizeof reply);
     broker->open = false;
-    lapse_status_t rc =
-        code == 403 && connection ? LAPSE_ERR_BROKER_LOGIN : LAPSE_ERR_BROKER_CLOSED;
+    bool refused =
+        connection && (code == AMQP_ACCESS_REFUSED || code == AMQP_NOT_ALLOWED);
+    lapse_status_t rc = refused ? LAPSE_ERR_BROKER_LOGIN : LAPSE_ERR_BROKER_CLOSED;
     return lapse_error_set(err, rc, "%s: broker closed the %s: %u %s", what,
                            connection ? "connection" : "channel", code, reply);
 }
@@ -53,11 +54,12 @@ lapse_status_t lapse__broker_reply(lapse__broker_t *broker, amqp_rpc_reply_t rep
         case AMQP_RESPONSE_NONE:
             return lapse_error_set(err, LAPSE_ERR_BROKER_PROTOCOL, "%s: no reply", what);
         case AMQP_RESPONSE_LIBRARY_EXCEPTION:
+            /* rabbitmq-c closes the connection when an RPC times out. */
+            broker->open = false;
             if (reply.library_error == AMQP_STATUS_TIMEOUT) {
                 return lapse_error_set(err, LAPSE_ERR_BROKER_TIMEOUT, "%s: timed out",
                                        what);
             }
-            broker->open = false;
             return lapse_error_set(err, LAPSE_ERR_BROKER_CLOSED, "%s: %s", what,
                                    amqp_error_string2(reply.library_error));
         case AMQP_RESPONSE_SERVER_EXCEPTION:
@@ -120,14 +122,10 @@ lapse_status_t lapse__broker_open(lapse__broker_t *broker, const lapse_config_t 
     amqp_rpc_reply_t reply = amqp_login_with_properties(
         broker->conn, cfg->vhost, 0, AMQP_DEFAULT_FRAME_SIZE, cfg->heartbeat, &props,
         AMQP_SASL_METHOD_PLAIN, cfg->user, cfg->password);
+    /* A refused login arrives as connection.close 403 (or 530 for a vhost it may not
+     * use) and is final; a dropped socket during the handshake (a broker restarting, a
+     * proxy without backends) stays retriable. */
     lapse_status_t rc = lapse__broker_reply(broker, reply, "login", err);
-    if (rc == LAPSE_ERR_BROKER_CLOSED &&
-        reply.reply_type != AMQP_RESPONSE_SERVER_EXCEPTION) {
-        /* RabbitMQ drops the socket on a bad password before a close method arrives. */
-        rc = lapse_error_set(err, LAPSE_ERR_BROKER_LOGIN,
-                             "login to vhost '%s' as '%s' refused or connection dropped",
-                             cfg->vhost, cfg->user);
-    }
     if (rc != LAPSE_OK) {
         lapse__broker_close(broker);
         return rc;
@@ -276,6 +274,21 @@ static lapse_status_t pump(lapse__broker_t *broker, int64_t timeout_ms, bool *go
         default:
             return LAPSE_OK;
     }
+}
+
+lapse_status_t lapse__broker_poll(lapse__broker_t *broker, int64_t timeout_ms,
+                                  lapse_error_t *err) {
+    if (!broker->open) {
+        return lapse_error_set(err, LAPSE_ERR_BROKER_CLOSED, "not connected");
+    }
+    bool got = true;
+    lapse_status_t rc = LAPSE_OK;
+    /* Reading also sends a heartbeat when one is due, so an idle publishing connection
+     * is not dropped by the broker. */
+    for (int i = 0; i < 64 && got && rc == LAPSE_OK; i++) {
+        rc = pump(broker, i == 0 ? timeout_ms : 0, &got, err);
+    }
+    return rc;
 }
 
 size_t lapse__broker_unsettled(const lapse__broker_t *broker) {

@@ -72,6 +72,12 @@ lapse_status_t lapse__broker_publish(lapse__broker_t *broker, const char *exchan
 lapse_status_t lapse__broker_wait_confirms(lapse__broker_t *broker, int64_t timeout_ms,
                                            lapse_error_t *err);
 
+/** On a confirm-mode connection: handle what the broker sent (confirms, returns, a close)
+ *  waiting up to timeout_ms for the first frame, and send a heartbeat when one is due.
+ *  Call it while idle so the connection is not dropped for missed heartbeats. */
+lapse_status_t lapse__broker_poll(lapse__broker_t *broker, int64_t timeout_ms,
+                                  lapse_error_t *err);
+
 /** Unsettled publishes. */
 size_t lapse__broker_unsettled(const lapse__broker_t *broker);
 

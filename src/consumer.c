@@ -11,11 +11,14 @@
 #include <string.h>
 #include <unistd.h>
 
-#define WINDOW          1000 /* publishes in flight on the publishing connection */
-#define BATCH_WINDOW_MS 20   /* how long a batch waits to fill after its first delivery */
-#define IDLE_WAIT_MS    500  /* how often an idle consumer looks at the stop flag */
-#define CONFIRM_WAIT_MS 30000
-#define EVENTS_AT_START 1000
+#define WINDOW           1000 /* publishes in flight on the publishing connection */
+#define BATCH_WINDOW_MS  20  /* how long a batch waits to fill after its first delivery */
+#define IDLE_WAIT_MS     500 /* how often an idle consumer looks at the stop flag */
+#define CONFIRM_WAIT_MS  30000
+#define EVENTS_CHUNK     1000         /* outbox rows published in one go */
+#define BACKLOG_EVERY_MS 5000         /* how often an idle consumer looks at the outbox */
+#define STORE_ATTEMPTS   12           /* busy retries of one batch (about 15 s) */
+#define MAX_EXPIRATION   4294967295LL /* RabbitMQ's largest per-message TTL */
 
 typedef enum action { ACT_CANCEL, ACT_EARLY, ACT_PARK, ACT_DONE } action_t;
 
@@ -41,6 +44,10 @@ struct lapse_consumer {
     int64_t *seqs;
     size_t n_seqs;
     lapse_status_t out_failure; /* first failed confirm since the last check */
+    lapse_error_t event_error;  /* why the last event publish failed */
+    int64_t out_retry_at;       /* when to reopen a failed publishing connection */
+    unsigned out_attempt;
+    int64_t backlog_at; /* next look at the outbox while idle */
     lapse_consumer_stats_t stats;
 };
 
@@ -65,8 +72,7 @@ lapse_consumer_t *lapse_consumer_new(const lapse_config_t *cfg, lapse_store_t *s
     c->batch = calloc(c->cap, sizeof *c->batch);
     c->items = calloc(c->cap, sizeof *c->items);
     c->item_of = calloc(c->cap, sizeof *c->item_of);
-    c->seqs =
-        calloc(c->cap > EVENTS_AT_START ? c->cap : EVENTS_AT_START, sizeof *c->seqs);
+    c->seqs = calloc(c->cap > EVENTS_CHUNK ? c->cap : EVENTS_CHUNK, sizeof *c->seqs);
     if (!c->batch || !c->items || !c->item_of || !c->seqs) {
         lapse_consumer_free(c);
         *rc = lapse_error_set(err, LAPSE_ERR_NOMEM, "consumer batch");
@@ -230,6 +236,8 @@ static lapse_status_t park(lapse_consumer_t *c, delivery_t *d, lapse_error_t *er
     entries[n++] = lapse__entry_i64("x-lapse-parked-at-ms", lapse_clock_now_ms());
     props.headers.num_entries = n;
     props.headers.entries = entries;
+    /* Parked messages wait for an operator: never let them expire. */
+    props._flags &= ~(amqp_flags_t)AMQP_BASIC_EXPIRATION_FLAG;
     props._flags |= AMQP_BASIC_HEADERS_FLAG | AMQP_BASIC_DELIVERY_MODE_FLAG;
     props.delivery_mode = AMQP_DELIVERY_PERSISTENT;
     char key[LAPSE_ORDER_ID_MAX + 1] = "";
@@ -258,24 +266,26 @@ static lapse_status_t decide(lapse_consumer_t *c, int64_t now,
             d->action = ACT_PARK;
             snprintf(d->reason, sizeof d->reason, "%s: %s", lapse_status_name(derr.code),
                      derr.text);
-        } else if (d->msg.deadline_ms > now) {
-            d->action = ACT_EARLY;
-            d->deadline_ms = d->msg.deadline_ms;
         } else {
+            /* The store's deadline decides, not the message's: a forged or stale
+             * deadline can neither cancel early nor hold a message back. */
             d->action = ACT_CANCEL;
             c->items[n_items] = (lapse_cancel_item_t){.order_id = d->msg.order_id};
             c->item_of[n_items++] = i;
         }
     }
     lapse_status_t rc = LAPSE_OK;
+    /* Bounded: while we sleep nobody services the consuming connection's heartbeats;
+     * past the bound the batch goes back to the broker (unacked) and the session is
+     * retried from the start. */
     for (unsigned attempt = 0; n_items > 0; attempt++) {
         rc = lapse_store_cancel_batch(c->store, c->items, n_items, now, err);
-        if (rc != LAPSE_ERR_STORE_BUSY) {
+        if (rc != LAPSE_ERR_STORE_BUSY || attempt == STORE_ATTEMPTS) {
             break;
         }
         lapse__log(c->cfg, LAPSE_LOG_WARN, "event=store_retry op=cancel attempt=%u",
                    attempt + 1);
-        if (!lapse__sleep_ms(lapse__backoff_ms(attempt, 50, 5000), stop)) {
+        if (!lapse__sleep_ms(lapse__backoff_ms(attempt, 50, 2000), stop)) {
             return lapse_error_set(err, LAPSE_ERR_STOPPED,
                                    "stopped while the store was busy");
         }
@@ -347,8 +357,13 @@ static lapse_status_t forward(lapse_consumer_t *c, int64_t now, lapse_error_t *e
                        "event=decision order_id=%s decision=early remaining_ms=%lld",
                        d->msg.order_id, (long long)remaining);
             d->msg.deadline_ms = d->deadline_ms;
-            rc = lapse__publish_expiry(&c->out, exchange, LAPSE__RK_EARLY, &d->msg,
-                                       remaining > 0 ? remaining : 1, NULL, err);
+            /* A remainder beyond RabbitMQ's TTL limit waits the limit and comes back
+             * to be held again. */
+            int64_t ttl = remaining < 1                ? 1
+                          : remaining > MAX_EXPIRATION ? MAX_EXPIRATION
+                                                       : remaining;
+            rc = lapse__publish_expiry(&c->out, exchange, LAPSE__RK_EARLY, &d->msg, ttl,
+                                       NULL, err);
             c->stats.early++;
             forwarded++;
         }
@@ -377,11 +392,10 @@ static int publish_event(void *opaque, const lapse_event_t *ev) {
     props.timestamp = (uint64_t)(lapse_clock_now_ms() / 1000);
     props.app_id = amqp_cstring_bytes(LAPSE_APP_ID);
     props.type = amqp_cstring_bytes(LAPSE_EVENT_CANCELLED);
-    lapse_error_t err;
     /* Not mandatory: an events exchange nobody listens to is a normal deployment. */
     if (lapse__broker_publish(&c->out, c->topo.events_exchange, LAPSE_EVENT_CANCELLED,
                               false, &props, ev->body, strlen(ev->body), ev->event_id,
-                              NULL, &err) != LAPSE_OK) {
+                              NULL, &c->event_error) != LAPSE_OK) {
         return 1;
     }
     c->seqs[c->n_seqs++] = ev->seq;
@@ -389,14 +403,17 @@ static int publish_event(void *opaque, const lapse_event_t *ev) {
 }
 
 /* Publish outbox events (only those in `only` when given; it must not alias c->seqs),
- * confirmed, then
- * mark them published. A crash in between re-publishes them: the event id stays the
- * same, so downstream deduplicates. */
+ * confirmed, then mark them published. A crash in between re-publishes them: the event
+ * id stays the same, so downstream deduplicates. */
 static lapse_status_t publish_events(lapse_consumer_t *c, const int64_t *only,
                                      size_t n_only, size_t limit, lapse_error_t *err) {
     c->n_seqs = 0;
+    lapse_error_clear(&c->event_error);
     lapse_status_t rc =
         lapse_store_events_pending(c->store, limit, only, n_only, publish_event, c, err);
+    if (rc == LAPSE_OK && c->event_error.code != LAPSE_OK) {
+        rc = lapse_error_set(err, c->event_error.code, "%s", c->event_error.text);
+    }
     if (rc == LAPSE_OK && c->n_seqs > 0) {
         rc = lapse__broker_wait_confirms(&c->out, CONFIRM_WAIT_MS, err);
     }
@@ -414,12 +431,73 @@ static lapse_status_t publish_events(lapse_consumer_t *c, const int64_t *only,
     return rc;
 }
 
+static void out_failed(lapse_consumer_t *c, lapse_status_t rc, const lapse_error_t *why,
+                       const char *what) {
+    char text[sizeof why->text];
+    snprintf(text, sizeof text, "%s", why->text);
+    sanitize(text);
+    int64_t delay = lapse__backoff_ms(c->out_attempt++, 200, 10000);
+    lapse__log(c->cfg, LAPSE_LOG_WARN,
+               "event=%s status=%s reason=\"%s\" retry_in_ms=%lld", what,
+               lapse_status_name(rc), text, (long long)delay);
+    lapse__broker_close(&c->out);
+    c->out_failure = LAPSE_OK;
+    c->out_retry_at = lapse_clock_now_ms() + delay;
+}
+
+/* The publishing connection fails on its own (an events exchange deleted, a missed
+ * heartbeat): reopen it with backoff, without stopping the consuming side. */
+static lapse_status_t ensure_out(lapse_consumer_t *c, lapse_error_t *err) {
+    if (c->out.open) {
+        return LAPSE_OK;
+    }
+    if (lapse_clock_now_ms() < c->out_retry_at) {
+        return lapse_error_set(err, LAPSE_ERR_BROKER_CLOSED,
+                               "publishing connection down, retrying later");
+    }
+    char name[96];
+    char host[64] = "?";
+    gethostname(host, sizeof host - 1);
+    snprintf(name, sizeof name, "lapse consume %s/%d out", host, (int)getpid());
+    lapse_status_t rc =
+        lapse__broker_open(&c->out, c->cfg, name, WINDOW, on_settle, c, err);
+    if (rc != LAPSE_OK) {
+        out_failed(c, rc, err, "out_connect_failed");
+        return rc;
+    }
+    c->out_attempt = 0;
+    return LAPSE_OK;
+}
+
+/* Events are published after the ack; a failure leaves them in the outbox for a later
+ * try and never holds up cancelling. */
+static void events_step(lapse_consumer_t *c, const int64_t *only, size_t n_only,
+                        size_t limit) {
+    lapse_error_t err = {0};
+    if (ensure_out(c, &err) != LAPSE_OK) {
+        return;
+    }
+    lapse_status_t rc = publish_events(c, only, n_only, limit, &err);
+    if (rc != LAPSE_OK) {
+        out_failed(c, rc, &err, "events_failed");
+    } else if (!only && c->n_seqs == limit) {
+        c->backlog_at = 0; /* more waiting: look again on the next idle pass */
+    }
+}
+
 static lapse_status_t process(lapse_consumer_t *c, const volatile sig_atomic_t *stop,
                               lapse_error_t *err) {
     int64_t now = lapse_clock_now_ms();
     c->stats.deliveries += c->n;
     lapse_status_t rc = decide(c, now, stop, err);
-    if (rc == LAPSE_OK) {
+    bool forwards = false;
+    for (size_t i = 0; i < c->n; i++) {
+        forwards |= c->batch[i].action == ACT_PARK || c->batch[i].action == ACT_EARLY;
+    }
+    if (rc == LAPSE_OK && forwards) {
+        rc = ensure_out(c, err);
+    }
+    if (rc == LAPSE_OK && forwards) {
         rc = forward(c, now, err);
     }
     if (rc != LAPSE_OK) {
@@ -437,9 +515,9 @@ static lapse_status_t process(lapse_consumer_t *c, const volatile sig_atomic_t *
         int64_t seqs[c->n_seqs];
         size_t n_seqs = c->n_seqs;
         memcpy(seqs, c->seqs, n_seqs * sizeof *seqs);
-        rc = publish_events(c, seqs, n_seqs, n_seqs, err);
+        events_step(c, seqs, n_seqs, n_seqs);
     }
-    return rc;
+    return LAPSE_OK;
 }
 
 static lapse_status_t connect_all(lapse_consumer_t *c, lapse_error_t *err) {
@@ -447,8 +525,8 @@ static lapse_status_t connect_all(lapse_consumer_t *c, lapse_error_t *err) {
     char host[64] = "?";
     gethostname(host, sizeof host - 1);
     snprintf(name, sizeof name, "lapse consume %s/%d", host, (int)getpid());
-    lapse_status_t rc =
-        lapse__broker_open(&c->out, c->cfg, name, WINDOW, on_settle, c, err);
+    c->out_retry_at = 0;
+    lapse_status_t rc = ensure_out(c, err);
     if (rc == LAPSE_OK) {
         rc = lapse__broker_open(&c->in, c->cfg, name, 0, NULL, NULL, err);
     }
@@ -467,20 +545,39 @@ static lapse_status_t connect_all(lapse_consumer_t *c, lapse_error_t *err) {
     return rc;
 }
 
+/* Between deliveries: keep the publishing connection alive (heartbeats, late confirms)
+ * and publish the outbox backlog now and then. */
+static void idle(lapse_consumer_t *c) {
+    lapse_error_t err = {0};
+    if (c->out.open) {
+        lapse_status_t rc = lapse__broker_poll(&c->out, 0, &err);
+        if (rc != LAPSE_OK) {
+            out_failed(c, rc, &err, "out_connection_lost");
+        }
+    }
+    int64_t now = lapse_clock_now_ms();
+    if (now >= c->backlog_at) {
+        c->backlog_at = now + BACKLOG_EVERY_MS;
+        events_step(c, NULL, 0, EVENTS_CHUNK);
+    }
+}
+
 static lapse_status_t session(lapse_consumer_t *c, const volatile sig_atomic_t *stop,
                               bool *progress, lapse_error_t *err) {
     lapse_status_t rc = connect_all(c, err);
     if (rc == LAPSE_OK) {
         lapse__log(c->cfg, LAPSE_LOG_INFO, "event=consuming queue=%s prefetch=%d",
                    c->topo.expired_queue, c->cfg->prefetch);
-        /* Events left unpublished by an earlier crash go out first. */
-        rc = publish_events(c, NULL, 0, EVENTS_AT_START, err);
+        /* Events left unpublished by an earlier crash or outage go out first. */
+        c->backlog_at = 0;
     }
     while (rc == LAPSE_OK && !*stop) {
         rc = collect(c, err);
         if (rc == LAPSE_OK && c->n > 0) {
             rc = process(c, stop, err);
-            *progress = true;
+            *progress |= rc == LAPSE_OK;
+        } else if (rc == LAPSE_OK) {
+            idle(c);
         }
         drop_batch(c);
     }
@@ -500,7 +597,10 @@ lapse_status_t lapse_consumer_run(lapse_consumer_t *c, const volatile sig_atomic
         if (rc == LAPSE_OK || rc == LAPSE_ERR_STOPPED) {
             break;
         }
-        if (!lapse_status_is_retriable(rc)) {
+        /* A service outlasts what it can: only a refused login or a wrong setting
+         * ends it; store and broker failures are retried with backoff. */
+        if (rc == LAPSE_ERR_BROKER_LOGIN || rc == LAPSE_ERR_INVALID ||
+            (rc <= -0x0401 && rc >= -0x04ff)) {
             return rc;
         }
         attempt = progress ? 0 : attempt + 1;

@@ -172,6 +172,24 @@ static lapse_status_t store_insert(lapse_publisher_t *pub, lapse_status_t *resul
     return rc;
 }
 
+/* An order that is still pending but whose message was never confirmed (an earlier
+ * publish failed) is published again with its recorded deadline, so that retrying the
+ * same command completes it instead of being refused for a "new" deadline. */
+static void adopt_unscheduled(lapse_publisher_t *pub, entry_t *e) {
+    lapse_order_t order;
+    lapse_order_init(&order);
+    if (lapse_store_get(pub->store, e->order_id, &order, NULL) == LAPSE_OK &&
+        order.status == LAPSE_ORDER_PENDING && !order.scheduled) {
+        lapse__log(pub->cfg, LAPSE_LOG_INFO,
+                   "event=republish order_id=%s deadline_ms=%lld reason=unscheduled",
+                   e->order_id, (long long)order.deadline_ms);
+        e->deadline_ms = order.deadline_ms;
+        e->created_at_ms = order.created_at_ms;
+        e->rc = LAPSE_OK;
+    }
+    lapse_order_clear(&order);
+}
+
 lapse_status_t lapse_publisher_flush(lapse_publisher_t *pub, lapse_error_t *err) {
     if (pub->n == 0) {
         return LAPSE_OK;
@@ -193,6 +211,9 @@ lapse_status_t lapse_publisher_flush(lapse_publisher_t *pub, lapse_error_t *err)
     for (size_t i = 0; i < pub->n && rc == LAPSE_OK; i++) {
         entry_t *e = &pub->batch[i];
         e->rc = results[i];
+        if (e->rc == LAPSE_ERR_STORE_CONFLICT) {
+            adopt_unscheduled(pub, e);
+        }
         if (e->rc != LAPSE_OK) {
             snprintf(e->reason, sizeof e->reason, "%s",
                      e->rc == LAPSE_ERR_STORE_CONFLICT

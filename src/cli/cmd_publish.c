@@ -100,8 +100,16 @@ static int publish_one(cli_t *cli, const char *order_id, int64_t timeout_ms,
             rc = lapse_publisher_flush(pub, &err);
         }
         if (o.ok == 1) {
+            /* The recorded deadline: a retried publish keeps the first one. */
+            lapse_order_t stored;
+            lapse_order_init(&stored);
+            int64_t deadline_ms = order.deadline_ms;
+            if (lapse_store_get(store, order_id, &stored, NULL) == LAPSE_OK) {
+                deadline_ms = stored.deadline_ms;
+            }
+            lapse_order_clear(&stored);
             char deadline[LAPSE_RFC3339_LEN];
-            lapse_time_format_rfc3339(order.deadline_ms, deadline);
+            lapse_time_format_rfc3339(deadline_ms, deadline);
             printf("published order_id=%s deadline=%s\n", order_id, deadline);
         } else {
             code = cli_exit_code(o.last_rc != LAPSE_OK ? o.last_rc : rc);

@@ -506,7 +506,8 @@ static int unset_env(void **state) {
 }
 
 /* A class configured here but not declared on the broker: the broker returns the
- * mandatory publish, publish exits 1, and the order stays pending and unscheduled. */
+ * mandatory publish, publish exits 1, and the order stays pending and unscheduled until
+ * the same command is retried. */
 static void test_returned_publish_fails_and_stays_unscheduled(void **state) {
     (void)state;
     h_ctx_t h;
@@ -516,6 +517,17 @@ static void test_returned_publish_fails_and_stays_unscheduled(void **state) {
     assert_int_equal(h_count_lines(&h, "cli.log", "r1: the broker returned"), 1);
     assert_int_equal(h_sql_int(&h, "SELECT count(*) FROM orders WHERE order_id='r1' AND "
                                    "status='pending' AND scheduled=0"),
+                     1);
+    /* Once the queue exists, retrying the same command publishes it with the deadline
+     * recorded the first time. */
+    int64_t deadline =
+        h_sql_int(&h, "SELECT deadline_ms FROM orders WHERE order_id='r1'");
+    assert_int_equal(h_lapse(&h, NULL, 0, "topology", "declare", NULL), 0);
+    assert_int_equal(h_lapse(&h, NULL, 0, "publish", "r1", "--timeout", "7s", NULL), 0);
+    assert_int_equal(h_sql_int(&h,
+                               "SELECT count(*) FROM orders WHERE order_id='r1' AND "
+                               "status='pending' AND scheduled=1 AND deadline_ms=%lld",
+                               (long long)deadline),
                      1);
     /* The declared class still works on the same store. */
     assert_int_equal(h_lapse(&h, NULL, 0, "publish", "r2", "--timeout", "2s", NULL), 0);

@@ -46,6 +46,9 @@ static void test_early_messages_wait_for_the_deadline(void **state) {
     replay(&h, conn, "replayed", replayed_deadline);
     /* ...and a message whose deadline claims to be past: the store's deadline wins. */
     replay(&h, conn, "forged", lapse_clock_now_ms() - 60000);
+    /* A deadline far beyond RabbitMQ's largest TTL for an order nobody published: parked
+     * as unknown, and the consumer carries on. */
+    replay(&h, conn, "far-future", 32503680000000LL); /* year 3000 */
 
     assert_int_equal(h_wait_sql(&h, 2, h_ms(20000),
                                 "SELECT count(*) FROM orders WHERE status='cancelled'"),
@@ -69,6 +72,11 @@ static void test_early_messages_wait_for_the_deadline(void **state) {
     assert_int_equal(h_count_lines(&h, "consumer.log", "decision=noop_cancelled"), 2);
     assert_int_equal(h_queue_depth(conn, early_q), 0);
     assert_int_equal(h_sql_int(&h, "SELECT count(*) FROM events"), 2);
+    assert_int_equal(h_count_lines(&h, "consumer.log",
+                                   "order_id=far-future decision=parked reason=\"unknown "
+                                   "order: far-future\""),
+                     1);
+    assert_int_equal(h_count_lines(&h, "consumer.log", "event=reconnect"), 0);
     assert_int_equal(h_stop(consumer, SIGTERM, h_ms(10000)), 0);
     h_amqp_close(conn);
     h_teardown(&h);
