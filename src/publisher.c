@@ -39,6 +39,7 @@ struct lapse_publisher {
     size_t n;
     uint64_t first_tag; /* tag of the batch's first publish */
     size_t *by_offset;  /* tag - first_tag -> batch index */
+    int64_t polled_at;  /* last look at the connection between flushes */
 };
 
 lapse_status_t lapse__publish_expiry(lapse__broker_t *broker, const char *exchange,
@@ -307,7 +308,17 @@ lapse_status_t lapse_publisher_submit(lapse_publisher_t *pub,
         }
     }
     pub->n++;
-    return pub->n == BATCH ? lapse_publisher_flush(pub, err) : LAPSE_OK;
+    if (pub->n == BATCH) {
+        return lapse_publisher_flush(pub, err);
+    }
+    /* Input may trickle in (a pipe): keep the connection's heartbeats going meanwhile.
+     * A failure shows up, and is reported, at the next flush. */
+    int64_t now = lapse_clock_now_ms();
+    if (now - pub->polled_at >= 1000) {
+        pub->polled_at = now;
+        lapse__broker_poll(&pub->broker, 0, NULL);
+    }
+    return LAPSE_OK;
 }
 
 void lapse_publisher_close(lapse_publisher_t *pub) {
