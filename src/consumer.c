@@ -47,7 +47,8 @@ struct lapse_consumer {
     lapse_error_t event_error;  /* why the last event publish failed */
     int64_t out_retry_at;       /* when to reopen a failed publishing connection */
     unsigned out_attempt;
-    int64_t backlog_at; /* next look at the outbox while idle */
+    int64_t backlog_at;    /* next look at the outbox */
+    int64_t out_polled_at; /* last heartbeat service of the publishing connection */
     lapse_consumer_stats_t stats;
 };
 
@@ -545,17 +546,19 @@ static lapse_status_t connect_all(lapse_consumer_t *c, lapse_error_t *err) {
     return rc;
 }
 
-/* Between deliveries: keep the publishing connection alive (heartbeats, late confirms)
- * and publish the outbox backlog now and then. */
-static void idle(lapse_consumer_t *c) {
+/* After every batch or idle wait: keep the publishing connection alive (heartbeats,
+ * late frames) even when nothing is published for a while, and publish the outbox
+ * backlog now and then. */
+static void housekeeping(lapse_consumer_t *c) {
     lapse_error_t err = {0};
-    if (c->out.open) {
+    int64_t now = lapse_clock_now_ms();
+    if (c->out.open && now - c->out_polled_at >= 1000) {
+        c->out_polled_at = now;
         lapse_status_t rc = lapse__broker_poll(&c->out, 0, &err);
         if (rc != LAPSE_OK) {
             out_failed(c, rc, &err, "out_connection_lost");
         }
     }
-    int64_t now = lapse_clock_now_ms();
     if (now >= c->backlog_at) {
         c->backlog_at = now + BACKLOG_EVERY_MS;
         events_step(c, NULL, 0, EVENTS_CHUNK);
@@ -576,8 +579,9 @@ static lapse_status_t session(lapse_consumer_t *c, const volatile sig_atomic_t *
         if (rc == LAPSE_OK && c->n > 0) {
             rc = process(c, stop, err);
             *progress |= rc == LAPSE_OK;
-        } else if (rc == LAPSE_OK) {
-            idle(c);
+        }
+        if (rc == LAPSE_OK) {
+            housekeeping(c);
         }
         drop_batch(c);
     }
