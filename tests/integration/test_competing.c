@@ -9,8 +9,6 @@
 
 #include "harness.h"
 
-#include <lapse/store.h>
-
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -70,18 +68,7 @@ static void test_three_consumers_cancel_each_unpaid_order_once(void **state) {
     assert_int_equal(
         h_lapse(&h, NULL, 0, "publish", "--batch", h_path(&h, "orders.jsonl"), NULL), 0);
 
-    lapse_status_t rc;
-    lapse_store_t *store = lapse_store_open(h.store, &rc, NULL);
-    assert_non_null(store);
-    for (int i = 0; i < ORDERS; i++) {
-        if (is_paid(i)) {
-            char id[32];
-            snprintf(id, sizeof id, "ord-%d", i);
-            assert_int_equal(lapse_store_pay(store, id, lapse_clock_now_ms(), NULL),
-                             LAPSE_OK);
-        }
-    }
-    lapse_store_close(store);
+    assert_int_equal(h_pay_in_time(&h, ORDERS, is_paid), ORDERS / 2);
 
     assert_int_equal(h_wait_sql(&h, ORDERS / 2, h_ms(30000),
                                 "SELECT count(*) FROM orders WHERE status='cancelled'"),

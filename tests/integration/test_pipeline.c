@@ -9,8 +9,6 @@
 
 #include "harness.h"
 
-#include <lapse/store.h>
-
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -42,18 +40,7 @@ static void test_unpaid_half_cancelled_once_never_early(void **state) {
                      ORDERS);
 
     /* Pay half of them now, well inside their windows, through the library's store. */
-    lapse_status_t rc;
-    lapse_store_t *store = lapse_store_open(h.store, &rc, NULL);
-    assert_non_null(store);
-    for (int i = 0; i < ORDERS; i++) {
-        if (is_paid(i)) {
-            char id[32];
-            snprintf(id, sizeof id, "ord-%d", i);
-            assert_int_equal(lapse_store_pay(store, id, lapse_clock_now_ms(), NULL),
-                             LAPSE_OK);
-        }
-    }
-    lapse_store_close(store);
+    assert_int_equal(h_pay_in_time(&h, ORDERS, is_paid), ORDERS / 2);
 
     int64_t cancelled =
         h_wait_sql(&h, ORDERS / 2, h_ms(30000),

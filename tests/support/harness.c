@@ -2,6 +2,8 @@
  * Integration-test harness: processes, the SQLite store and the broker, for real. */
 #include "harness.h"
 
+#include <lapse/store.h>
+
 #include <amqp_tcp_socket.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -89,19 +91,22 @@ const char *h_path(h_ctx_t *h, const char *file) {
     return path;
 }
 
-/* argv: lapse --amqp URL --store URI --prefix P --classes C <args...> */
-static char **build_argv(h_ctx_t *h, const char *const *args, size_t n_args) {
+/* argv: lapse [--amqp URL --store URI --prefix P --classes C] <args...> */
+static char **build_argv(h_ctx_t *h, bool globals, const char *const *args,
+                         size_t n_args) {
     char **argv = calloc(n_args + 10, sizeof *argv);
     size_t i = 0;
     argv[i++] = (char *)h->bin;
-    argv[i++] = (char *)"--amqp";
-    argv[i++] = h->amqp;
-    argv[i++] = (char *)"--store";
-    argv[i++] = h->store;
-    argv[i++] = (char *)"--prefix";
-    argv[i++] = h->prefix;
-    argv[i++] = (char *)"--classes";
-    argv[i++] = h->classes;
+    if (globals) {
+        argv[i++] = (char *)"--amqp";
+        argv[i++] = h->amqp;
+        argv[i++] = (char *)"--store";
+        argv[i++] = h->store;
+        argv[i++] = (char *)"--prefix";
+        argv[i++] = h->prefix;
+        argv[i++] = (char *)"--classes";
+        argv[i++] = h->classes;
+    }
     for (size_t k = 0; k < n_args; k++) {
         argv[i++] = (char *)args[k];
     }
@@ -109,8 +114,8 @@ static char **build_argv(h_ctx_t *h, const char *const *args, size_t n_args) {
     return argv;
 }
 
-static pid_t spawn(h_ctx_t *h, const char *const *args, size_t n_args, int out_fd,
-                   const char *err_file) {
+static pid_t spawn(h_ctx_t *h, bool globals, const char *const *args, size_t n_args,
+                   int out_fd, const char *err_file) {
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
     posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
@@ -123,7 +128,7 @@ static pid_t spawn(h_ctx_t *h, const char *const *args, size_t n_args, int out_f
     snprintf(err_path, sizeof err_path, "%s/%s", h->dir, err_file);
     posix_spawn_file_actions_addopen(&fa, 2, err_path, O_WRONLY | O_CREAT | O_APPEND,
                                      0644);
-    char **argv = build_argv(h, args, n_args);
+    char **argv = build_argv(h, globals, args, n_args);
     pid_t pid;
     int rc = posix_spawn(&pid, h->bin, &fa, NULL, argv, environ);
     posix_spawn_file_actions_destroy(&fa);
@@ -134,22 +139,16 @@ static pid_t spawn(h_ctx_t *h, const char *const *args, size_t n_args, int out_f
     return pid;
 }
 
-int h_lapse(h_ctx_t *h, char *out, size_t cap, ...) {
-    const char *args[64];
-    size_t n = 0;
-    va_list ap;
-    va_start(ap, cap);
-    for (const char *a; (a = va_arg(ap, const char *)) != NULL && n < 63;) {
-        args[n++] = a;
-    }
-    va_end(ap);
+/* Run lapse to completion, stdout into out, stderr appended to cli.log. */
+static int run_capture(h_ctx_t *h, bool globals, const char *const *args, size_t n,
+                       char *out, size_t cap) {
     char tmpl[PATH_MAX + 32];
     snprintf(tmpl, sizeof tmpl, "%s/out.XXXXXX", h->dir);
     int fd = mkstemp(tmpl);
     if (fd < 0) {
         die("mkstemp: %s", strerror(errno));
     }
-    pid_t pid = spawn(h, args, n, fd, "cli.log");
+    pid_t pid = spawn(h, globals, args, n, fd, "cli.log");
     int code = h_stop(pid, 0, h_ms(120000));
     if (out && cap > 0) {
         lseek(fd, 0, SEEK_SET);
@@ -161,46 +160,29 @@ int h_lapse(h_ctx_t *h, char *out, size_t cap, ...) {
     return code;
 }
 
-int h_run(h_ctx_t *h, char *out, size_t cap, ...) {
-    char *argv[64];
+/* The NULL-terminated variadic arguments after cap, at most 63. */
+#define COLLECT_ARGS(args, n, cap)                                                       \
+    do {                                                                                 \
+        va_list ap;                                                                      \
+        va_start(ap, cap);                                                               \
+        for (const char *a; (a = va_arg(ap, const char *)) != NULL && n < 63;) {         \
+            args[n++] = a;                                                               \
+        }                                                                                \
+        va_end(ap);                                                                      \
+    } while (0)
+
+int h_lapse(h_ctx_t *h, char *out, size_t cap, ...) {
+    const char *args[64];
     size_t n = 0;
-    argv[n++] = (char *)h->bin;
-    va_list ap;
-    va_start(ap, cap);
-    for (const char *a; (a = va_arg(ap, const char *)) != NULL && n < 63;) {
-        argv[n++] = (char *)a;
-    }
-    va_end(ap);
-    argv[n] = NULL;
-    char tmpl[PATH_MAX + 32];
-    snprintf(tmpl, sizeof tmpl, "%s/out.XXXXXX", h->dir);
-    int fd = mkstemp(tmpl);
-    if (fd < 0) {
-        die("mkstemp: %s", strerror(errno));
-    }
-    char err_path[PATH_MAX + 64];
-    snprintf(err_path, sizeof err_path, "%s/cli.log", h->dir);
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
-    posix_spawn_file_actions_adddup2(&fa, fd, 1);
-    posix_spawn_file_actions_addopen(&fa, 2, err_path, O_WRONLY | O_CREAT | O_APPEND,
-                                     0644);
-    pid_t pid;
-    int rc = posix_spawn(&pid, h->bin, &fa, NULL, argv, environ);
-    posix_spawn_file_actions_destroy(&fa);
-    if (rc != 0) {
-        die("spawn %s: %s", h->bin, strerror(rc));
-    }
-    int code = h_stop(pid, 0, h_ms(120000));
-    if (out && cap > 0) {
-        lseek(fd, 0, SEEK_SET);
-        ssize_t got = read(fd, out, cap - 1);
-        out[got > 0 ? got : 0] = '\0';
-    }
-    close(fd);
-    unlink(tmpl);
-    return code;
+    COLLECT_ARGS(args, n, cap);
+    return run_capture(h, true, args, n, out, cap);
+}
+
+int h_run(h_ctx_t *h, char *out, size_t cap, ...) {
+    const char *args[64];
+    size_t n = 0;
+    COLLECT_ARGS(args, n, cap);
+    return run_capture(h, false, args, n, out, cap);
 }
 
 pid_t h_spawn_consumer(h_ctx_t *h, const char *log, const char *const *extra) {
@@ -209,7 +191,7 @@ pid_t h_spawn_consumer(h_ctx_t *h, const char *log, const char *const *extra) {
     for (size_t i = 0; extra && extra[i] && n < 15; i++) {
         args[n++] = extra[i];
     }
-    return spawn(h, args, n, -1, log);
+    return spawn(h, true, args, n, -1, log);
 }
 
 bool h_alive(pid_t pid) {
@@ -239,6 +221,24 @@ int h_stop(pid_t pid, int sig, int timeout_ms) {
         return WEXITSTATUS(status);
     }
     return 128 + WTERMSIG(status);
+}
+
+size_t h_pay_in_time(h_ctx_t *h, int n, bool (*pick)(int)) {
+    lapse_status_t rc;
+    lapse_store_t *store = lapse_store_open(h->store, &rc, NULL);
+    if (!store) {
+        die("open %s: %s", h->store, lapse_strerror(rc));
+    }
+    size_t paid = 0;
+    for (int i = 0; i < n; i++) {
+        if (pick(i)) {
+            char id[32];
+            snprintf(id, sizeof id, "ord-%d", i);
+            paid += lapse_store_pay(store, id, lapse_clock_now_ms(), NULL) == LAPSE_OK;
+        }
+    }
+    lapse_store_close(store);
+    return paid;
 }
 
 static sqlite3 *db_of(h_ctx_t *h) {

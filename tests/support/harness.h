@@ -61,6 +61,10 @@ pid_t h_spawn_consumer(h_ctx_t *h, const char *log, const char *const *extra);
 int h_stop(pid_t pid, int sig, int timeout_ms);
 bool h_alive(pid_t pid);
 
+/* Pay, through the store, "ord-<i>" for each i < n where pick(i), now (well inside their
+ * windows). Returns how many payments were accepted. */
+size_t h_pay_in_time(h_ctx_t *h, int n, bool (*pick)(int));
+
 /* Scalar query on the test's SQLite store (read-only connection). */
 int64_t h_sql_int(h_ctx_t *h, const char *sql_fmt, ...);
 /* Poll until the query equals expect or timeout_ms passes; returns the last value. */
