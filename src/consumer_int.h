@@ -1,0 +1,77 @@
+/* SPDX-License-Identifier: MIT
+ * Internal: the consumer's state, shared by its consuming side (consumer.c) and its
+ * publishing side (consumer_out.c: parking, re-holding, events). */
+#ifndef LAPSE_CONSUMER_INT_H
+#define LAPSE_CONSUMER_INT_H
+
+#include <lapse/consumer.h>
+
+#include "broker_int.h"
+#include "topology_int.h"
+
+/* Publishes in flight on the publishing connection. */
+#define CONSUMER_WINDOW 1000
+/* How long a batch waits to fill after its first delivery. */
+#define CONSUMER_BATCH_WINDOW_MS 20
+/* How often an idle consumer looks at the stop flag. */
+#define CONSUMER_IDLE_WAIT_MS    500
+#define CONSUMER_CONFIRM_WAIT_MS 30000
+/* Outbox rows published in one go, and how often the outbox is looked at. */
+#define CONSUMER_EVENTS_CHUNK     1000
+#define CONSUMER_BACKLOG_EVERY_MS 5000
+/* Busy retries of one batch (about 15 s) before it goes back to the broker. */
+#define CONSUMER_STORE_ATTEMPTS 12
+/* RabbitMQ's largest per-message TTL. */
+#define CONSUMER_MAX_EXPIRATION 4294967295LL
+
+typedef enum action { ACT_CANCEL, ACT_EARLY, ACT_PARK, ACT_DONE } action_t;
+
+typedef struct delivery {
+    amqp_envelope_t env;
+    lapse_expiry_msg_t msg;
+    action_t action;
+    int64_t deadline_ms; /* the deadline to wait for (early) */
+    char reason[256];    /* why it is parked */
+} delivery_t;
+
+struct lapse_consumer {
+    const lapse_config_t *cfg;
+    lapse_store_t *store;
+    lapse__topology_t topo;
+    lapse__broker_t in;  /* deliveries and acks */
+    lapse__broker_t out; /* parking, re-holding, events: confirm mode */
+    delivery_t *batch;
+    size_t n;
+    size_t cap;
+    lapse_cancel_item_t *items;
+    size_t *item_of; /* items index -> batch index */
+    int64_t *seqs;
+    size_t n_seqs;
+    lapse_status_t out_failure; /* first failed confirm since the last check */
+    lapse_error_t event_error;  /* why the last event publish failed */
+    int64_t out_retry_at;       /* when to reopen a failed publishing connection */
+    unsigned out_attempt;
+    int64_t backlog_at;    /* next look at the outbox */
+    int64_t out_polled_at; /* last heartbeat service of the publishing connection */
+    lapse_consumer_stats_t stats;
+};
+
+/** Make text one log token: quotes and line breaks become apostrophes. */
+void lapse__consumer_sanitize(char *text);
+
+/** (Re)open the publishing connection unless it is up or waiting out its backoff. */
+lapse_status_t lapse__consumer_ensure_out(lapse_consumer_t *c, lapse_error_t *err);
+
+/** Publish the batch's parked and re-held deliveries; all confirmed on LAPSE_OK. */
+lapse_status_t lapse__consumer_forward(lapse_consumer_t *c, int64_t now,
+                                       lapse_error_t *err);
+
+/** Publish outbox events (only the seqs in only[0..n_only) when only is not NULL; it
+ *  must not alias c->seqs), at most limit. Failures are logged and left in the outbox. */
+void lapse__consumer_events(lapse_consumer_t *c, const int64_t *only, size_t n_only,
+                            size_t limit);
+
+/** Heartbeats of the publishing connection and the outbox backlog, now and then. */
+void lapse__consumer_housekeeping(lapse_consumer_t *c);
+
+#endif
