@@ -1,0 +1,92 @@
+/* SPDX-License-Identifier: MIT
+ * Internal: the SQLite store's schema and its statements, as data (one X-macro table
+ * gives each statement an id, its SQL and a name for error messages). Included by
+ * store_sqlite.c only. */
+#ifndef LAPSE_STORE_SQLITE_SQL_H
+#define LAPSE_STORE_SQLITE_SQL_H
+
+#include <lapse/message.h>
+
+#define SCHEMA_VERSION 1 /* PRAGMA user_version; SCHEMA_SQL sets it */
+
+/* Applied in one write transaction when user_version is behind. The IF NOT EXISTS
+ * clauses make a race between two processes creating the same file harmless. */
+static const char SCHEMA_SQL[] =
+    "CREATE TABLE IF NOT EXISTS orders ("
+    " order_id TEXT NOT NULL PRIMARY KEY,"
+    " status TEXT NOT NULL CHECK (status IN ('pending', 'paid', 'cancelled')),"
+    " deadline_ms INTEGER NOT NULL,"
+    " created_at_ms INTEGER NOT NULL,"
+    " paid_at_ms INTEGER,"
+    " cancelled_at_ms INTEGER,"
+    " scheduled INTEGER NOT NULL DEFAULT 0 CHECK (scheduled IN (0, 1)));"
+    "CREATE INDEX IF NOT EXISTS orders_status_deadline ON orders (status, deadline_ms);"
+    "CREATE TABLE IF NOT EXISTS holds ("
+    " order_id TEXT NOT NULL REFERENCES orders (order_id),"
+    " resource TEXT NOT NULL,"
+    " released_at_ms INTEGER,"
+    " PRIMARY KEY (order_id, resource));"
+    "CREATE TABLE IF NOT EXISTS events ("
+    " seq INTEGER PRIMARY KEY AUTOINCREMENT,"
+    " event_id TEXT NOT NULL UNIQUE,"
+    " order_id TEXT NOT NULL,"
+    " body TEXT NOT NULL,"
+    " created_at_ms INTEGER NOT NULL,"
+    " published_at_ms INTEGER);"
+    "CREATE INDEX IF NOT EXISTS events_unpublished ON events (seq)"
+    " WHERE published_at_ms IS NULL;"
+    "PRAGMA user_version = 1;";
+
+/* Every statement the backend runs; prepared at open, reset after each use. Write
+ * transactions start with BEGIN IMMEDIATE so the write lock is taken (and waited for)
+ * up front: a deferred transaction that upgrades later fails with SQLITE_BUSY_SNAPSHOT
+ * without consulting the busy handler. */
+#define STATEMENTS(X)                                                                    \
+    X(BEGIN_READ, "BEGIN DEFERRED")                                                      \
+    X(BEGIN_WRITE, "BEGIN IMMEDIATE")                                                    \
+    X(COMMIT, "COMMIT")                                                                  \
+    X(ROLLBACK, "ROLLBACK")                                                              \
+    X(ORDER_INSERT, "INSERT INTO orders (order_id, status, deadline_ms, created_at_ms)"  \
+                    " VALUES (?1, 'pending', ?2, ?3) ON CONFLICT (order_id) DO NOTHING") \
+    X(HOLD_INSERT, "INSERT INTO holds (order_id, resource) VALUES (?1, ?2)"              \
+                   " ON CONFLICT DO NOTHING")                                            \
+    X(ORDER_READ, "SELECT status, deadline_ms, created_at_ms, paid_at_ms,"               \
+                  " cancelled_at_ms, scheduled FROM orders WHERE order_id = ?1")         \
+    X(HOLDS_READ, "SELECT resource FROM holds WHERE order_id = ?1 ORDER BY resource")    \
+    X(ORDER_SCHEDULE, "UPDATE orders SET scheduled = 1 WHERE order_id = ?1")             \
+    X(ORDER_PAY, "UPDATE orders SET status = 'paid', paid_at_ms = ?1"                    \
+                 " WHERE order_id = ?2 AND status = 'pending' AND deadline_ms > ?1")     \
+    X(ORDER_CANCEL, "UPDATE orders SET status = 'cancelled', cancelled_at_ms = ?1"       \
+                    " WHERE order_id = ?2 AND status = 'pending' AND deadline_ms <= ?1") \
+    X(HOLDS_RELEASE, "UPDATE holds SET released_at_ms = ?1"                              \
+                     " WHERE order_id = ?2 AND released_at_ms IS NULL")                  \
+    X(EVENT_INSERT, "INSERT INTO events (event_id, order_id, body, created_at_ms)"       \
+                    " VALUES (?1, ?2, ?3, ?4)")                                          \
+    X(ORDER_COUNT, "SELECT status, count(*) FROM orders GROUP BY status")                \
+    X(EVENTS_PENDING, "SELECT seq, event_id, order_id, body FROM events"                 \
+                      " WHERE published_at_ms IS NULL ORDER BY seq LIMIT ?1")            \
+    X(EVENT_BY_SEQ, "SELECT seq, event_id, order_id, body FROM events"                   \
+                    " WHERE seq = ?1 AND published_at_ms IS NULL")                       \
+    X(EVENT_PUBLISHED, "UPDATE events SET published_at_ms = ?1"                          \
+                       " WHERE seq = ?2 AND published_at_ms IS NULL")
+
+typedef enum stmt_id {
+#define STMT_ENUM_(name, sql) ST_##name,
+    STATEMENTS(STMT_ENUM_)
+#undef STMT_ENUM_
+        ST_COUNT_
+} stmt_id_t;
+
+static const char *const STMT_SQL[ST_COUNT_] = {
+#define STMT_SQL_(name, sql) sql,
+    STATEMENTS(STMT_SQL_)
+#undef STMT_SQL_
+};
+
+static const char *const STMT_NAME[ST_COUNT_] = {
+#define STMT_NAME_(name, sql) #name,
+    STATEMENTS(STMT_NAME_)
+#undef STMT_NAME_
+};
+
+#endif
