@@ -28,6 +28,10 @@ lapse_consumer_t *lapse_consumer_new(const lapse_config_t *cfg, lapse_store_t *s
         return NULL;
     }
     lapse__topology_build(cfg, &c->topo);
+    /* Shown in the management UI for both connections and as the consumer tag. */
+    char host[64] = "?";
+    gethostname(host, sizeof host - 1);
+    snprintf(c->name, sizeof c->name, "lapse consume %s/%d", host, (int)getpid());
     *rc = LAPSE_OK;
     return c;
 }
@@ -261,14 +265,10 @@ static lapse_status_t process(lapse_consumer_t *c, const volatile sig_atomic_t *
 }
 
 static lapse_status_t connect_all(lapse_consumer_t *c, lapse_error_t *err) {
-    char name[96];
-    char host[64] = "?";
-    gethostname(host, sizeof host - 1);
-    snprintf(name, sizeof name, "lapse consume %s/%d", host, (int)getpid());
     c->out_retry_at = 0;
     lapse_status_t rc = lapse__consumer_ensure_out(c, err);
     if (rc == LAPSE_OK) {
-        rc = lapse__broker_open(&c->in, c->cfg, name, 0, NULL, NULL, err);
+        rc = lapse__broker_open(&c->in, c->cfg, c->name, 0, NULL, NULL, err);
     }
     if (rc == LAPSE_OK) {
         amqp_basic_qos(c->in.conn, LAPSE__CHANNEL, 0, (uint16_t)c->cfg->prefetch, 0);
@@ -278,7 +278,7 @@ static lapse_status_t connect_all(lapse_consumer_t *c, lapse_error_t *err) {
     if (rc == LAPSE_OK) {
         amqp_basic_consume(c->in.conn, LAPSE__CHANNEL,
                            amqp_cstring_bytes(c->topo.expired_queue),
-                           amqp_cstring_bytes(name), 0, 0, 0, amqp_empty_table);
+                           amqp_cstring_bytes(c->name), 0, 0, 0, amqp_empty_table);
         rc = lapse__broker_reply(&c->in, amqp_get_rpc_reply(c->in.conn),
                                  "consume from the expired queue", err);
     }

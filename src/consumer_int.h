@@ -38,6 +38,7 @@ struct lapse_consumer {
     const lapse_config_t *cfg;
     lapse_store_t *store;
     lapse__topology_t topo;
+    char name[96];       /* connection name and consumer tag */
     lapse__broker_t in;  /* deliveries and acks */
     lapse__broker_t out; /* parking, re-holding, events: confirm mode */
     delivery_t *batch;

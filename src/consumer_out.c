@@ -8,7 +8,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 static void on_settle(void *opaque, uint64_t tag, lapse_status_t outcome) {
     (void)tag;
@@ -198,10 +197,8 @@ lapse_status_t lapse__consumer_ensure_out(lapse_consumer_t *c, lapse_error_t *er
         return lapse_error_set(err, LAPSE_ERR_BROKER_CLOSED,
                                "publishing connection down, retrying later");
     }
-    char name[96];
-    char host[64] = "?";
-    gethostname(host, sizeof host - 1);
-    snprintf(name, sizeof name, "lapse consume %s/%d out", host, (int)getpid());
+    char name[sizeof c->name + 4];
+    snprintf(name, sizeof name, "%s out", c->name);
     lapse_status_t rc =
         lapse__broker_open(&c->out, c->cfg, name, CONSUMER_WINDOW, on_settle, c, err);
     if (rc != LAPSE_OK) {
