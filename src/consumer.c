@@ -28,6 +28,7 @@ lapse_consumer_t *lapse_consumer_new(const lapse_config_t *cfg, lapse_store_t *s
         return NULL;
     }
     lapse__topology_build(cfg, &c->topo);
+    c->skew = (skew_t){.current = INT64_MAX, .previous = INT64_MAX};
     /* Shown in the management UI for both connections and as the consumer tag. */
     char host[64] = "?";
     gethostname(host, sizeof host - 1);
@@ -150,35 +151,89 @@ static lapse_status_t collect(lapse_consumer_t *c, lapse_error_t *err) {
     return LAPSE_OK;
 }
 
-/* Classify every delivery; cancel the due ones in one transaction. */
-static lapse_status_t decide(lapse_consumer_t *c, int64_t now,
-                             const volatile sig_atomic_t *stop, lapse_error_t *err) {
-    size_t n_items = 0;
-    for (size_t i = 0; i < c->n; i++) {
-        delivery_t *d = &c->batch[i];
-        lapse_error_t derr = {0};
-        amqp_bytes_t body = d->env.message.body;
-        /* Slots are reused across batches and decode leaves msg alone on failure: clear
-         * it, or a parked line would name the order of an earlier delivery. */
-        memset(&d->msg, 0, sizeof d->msg);
-        if (lapse_expiry_msg_decode(body.bytes, body.len, &d->msg, &derr) != LAPSE_OK) {
-            d->action = ACT_PARK;
-            snprintf(d->reason, sizeof d->reason, "%s: %s", lapse_status_name(derr.code),
-                     derr.text);
-        } else {
-            /* The store's deadline decides, not the message's: a forged or stale
-             * deadline can neither cancel early nor hold a message back. */
-            d->action = ACT_CANCEL;
-            c->items[n_items] = (lapse_cancel_item_t){.order_id = d->msg.order_id};
-            c->item_of[n_items++] = i;
+/* The latest time the broker dead-lettered the message (its own clock, whole seconds),
+ * or -1 when it never did: published straight into the expired exchange. */
+static int64_t dead_lettered_at_ms(const amqp_basic_properties_t *props) {
+    if (!(props->_flags & AMQP_BASIC_HEADERS_FLAG)) {
+        return -1;
+    }
+    int64_t latest = -1;
+    for (int i = 0; i < props->headers.num_entries; i++) {
+        const amqp_table_entry_t *h = &props->headers.entries[i];
+        if (h->key.len != 7 || memcmp(h->key.bytes, "x-death", 7) != 0 ||
+            h->value.kind != AMQP_FIELD_KIND_ARRAY) {
+            continue;
+        }
+        const amqp_array_t *deaths = &h->value.value.array;
+        for (int j = 0; j < deaths->num_entries; j++) {
+            if (deaths->entries[j].kind != AMQP_FIELD_KIND_TABLE) {
+                continue;
+            }
+            const amqp_table_t *death = &deaths->entries[j].value.table;
+            for (int k = 0; k < death->num_entries; k++) {
+                const amqp_table_entry_t *f = &death->entries[k];
+                if (f->key.len == 4 && memcmp(f->key.bytes, "time", 4) == 0 &&
+                    f->value.kind == AMQP_FIELD_KIND_TIMESTAMP &&
+                    f->value.value.u64 < (uint64_t)INT64_MAX / 1000 &&
+                    (int64_t)f->value.value.u64 * 1000 > latest) {
+                    latest = (int64_t)f->value.value.u64 * 1000;
+                }
+            }
         }
     }
+    return latest;
+}
+
+/* Never early, even with a local clock that runs ahead of the broker's: a message the
+ * broker dead-lettered at broker time T (x-death) is received at broker time >= T, so
+ * local_now - T bounds from above how far the local clock is ahead. The smallest such
+ * sample of the last minute or two is the bound; once it exceeds the resolution of T,
+ * "now" is taken as local_now - bound, which is never later than the broker's now. */
+static int64_t effective_now(lapse_consumer_t *c, int64_t local_now) {
+    skew_t *s = &c->skew;
+    if (local_now - s->bucket_at >= CONSUMER_SKEW_BUCKET_MS) {
+        s->previous = s->current;
+        s->current = INT64_MAX;
+        s->bucket_at = local_now;
+    }
+    for (size_t i = 0; i < c->n; i++) {
+        delivery_t *d = &c->batch[i];
+        int64_t at = dead_lettered_at_ms(&d->env.message.properties);
+        d->undated = at < 0;
+        if (at >= 0 && local_now - at < s->current) {
+            s->current = local_now - at;
+        }
+    }
+    int64_t bound = s->current < s->previous ? s->current : s->previous;
+    if (bound == INT64_MAX || bound <= CONSUMER_SKEW_TOLERANCE_MS) {
+        if (c->skew_logged != 0) {
+            c->skew_logged = 0;
+            lapse__log(c->cfg, LAPSE_LOG_INFO, "event=clock_skew ahead_by_up_to_ms=0");
+        }
+        return local_now;
+    }
+    if (bound / 1000 != c->skew_logged / 1000) {
+        c->skew_logged = bound;
+        lapse__log(c->cfg, LAPSE_LOG_WARN,
+                   "event=clock_skew ahead_by_up_to_ms=%lld note=\"deadlines are checked "
+                   "against the broker's clock\"",
+                   (long long)bound);
+    }
+    return local_now - bound;
+}
+
+/* Cancel items (the due ones) in one transaction; a busy store is retried with backoff.
+ */
+static lapse_status_t cancel_items(lapse_consumer_t *c, lapse_cancel_item_t *items,
+                                   size_t n, int64_t now,
+                                   const volatile sig_atomic_t *stop,
+                                   lapse_error_t *err) {
     lapse_status_t rc = LAPSE_OK;
     /* Bounded: while we sleep nobody services the consuming connection's heartbeats;
      * past the bound the batch goes back to the broker (unacked) and the session is
      * retried from the start. */
-    for (unsigned attempt = 0; n_items > 0; attempt++) {
-        rc = lapse_store_cancel_batch(c->store, c->items, n_items, now, err);
+    for (unsigned attempt = 0; n > 0; attempt++) {
+        rc = lapse_store_cancel_batch(c->store, items, n, now, err);
         if (rc != LAPSE_ERR_STORE_BUSY || attempt == CONSUMER_STORE_ATTEMPTS) {
             break;
         }
@@ -188,6 +243,51 @@ static lapse_status_t decide(lapse_consumer_t *c, int64_t now,
             return lapse_error_set(err, LAPSE_ERR_STOPPED,
                                    "stopped while the store was busy");
         }
+    }
+    return rc;
+}
+
+/* Classify every delivery; cancel the due ones in one transaction. */
+static lapse_status_t decide(lapse_consumer_t *c, int64_t now,
+                             const volatile sig_atomic_t *stop, lapse_error_t *err) {
+    /* Dated deliveries first, undated ones after them. */
+    size_t n_dated = 0;
+    size_t n_items = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        for (size_t i = 0; i < c->n; i++) {
+            delivery_t *d = &c->batch[i];
+            if (d->undated != (pass == 1)) {
+                continue;
+            }
+            lapse_error_t derr = {0};
+            amqp_bytes_t body = d->env.message.body;
+            /* Slots are reused across batches and decode leaves msg alone on failure:
+             * clear it, or a parked line would name the order of an earlier delivery. */
+            memset(&d->msg, 0, sizeof d->msg);
+            if (lapse_expiry_msg_decode(body.bytes, body.len, &d->msg, &derr) !=
+                LAPSE_OK) {
+                d->action = ACT_PARK;
+                snprintf(d->reason, sizeof d->reason, "%s: %s",
+                         lapse_status_name(derr.code), derr.text);
+            } else {
+                /* The store's deadline decides, not the message's: a forged or stale
+                 * deadline can neither cancel early nor hold a message back. */
+                d->action = ACT_CANCEL;
+                c->items[n_items] = (lapse_cancel_item_t){.order_id = d->msg.order_id};
+                c->item_of[n_items++] = i;
+            }
+        }
+        if (pass == 0) {
+            n_dated = n_items;
+        }
+    }
+    lapse_status_t rc = cancel_items(c, c->items, n_dated, now, stop, err);
+    /* A message the broker never held (published straight into the expired exchange,
+     * e.g. a replay by hand) has no broker time to check its deadline against: it is
+     * not cancelled on arrival but goes once down the ladder (now 0: pending orders come
+     * back as early; paid, cancelled and unknown ones are settled as usual). */
+    if (rc == LAPSE_OK) {
+        rc = cancel_items(c, c->items + n_dated, n_items - n_dated, 0, stop, err);
     }
     if (rc != LAPSE_OK) {
         return rc;
@@ -231,7 +331,7 @@ static lapse_status_t decide(lapse_consumer_t *c, int64_t now,
 
 static lapse_status_t process(lapse_consumer_t *c, const volatile sig_atomic_t *stop,
                               lapse_error_t *err) {
-    int64_t now = lapse_clock_now_ms();
+    int64_t now = effective_now(c, lapse_clock_now_ms());
     c->stats.deliveries += c->n;
     lapse_status_t rc = decide(c, now, stop, err);
     bool forwards = false;

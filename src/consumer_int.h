@@ -21,8 +21,11 @@
 #define CONSUMER_BACKLOG_EVERY_MS 5000
 /* Busy retries of one batch (about 15 s) before it goes back to the broker. */
 #define CONSUMER_STORE_ATTEMPTS 12
-/* RabbitMQ's largest per-message TTL. */
-#define CONSUMER_MAX_EXPIRATION 4294967295LL
+/* x-death times have a resolution of one second: an upper bound on how far this
+ * consumer's clock runs ahead of the broker's is only used when it exceeds that. */
+#define CONSUMER_SKEW_TOLERANCE_MS 1000
+/* Skew samples are kept for one to two of these, so that a clock step is noticed. */
+#define CONSUMER_SKEW_BUCKET_MS 60000
 
 typedef enum action { ACT_CANCEL, ACT_EARLY, ACT_PARK, ACT_DONE } action_t;
 
@@ -30,9 +33,18 @@ typedef struct delivery {
     amqp_envelope_t env;
     lapse_expiry_msg_t msg;
     action_t action;
+    bool undated;        /* never dead-lettered: no broker time vouches for it */
     int64_t deadline_ms; /* the deadline to wait for (early) */
     char reason[256];    /* why it is parked */
 } delivery_t;
+
+/* An upper bound on how far the local clock runs ahead of the broker's, learnt from the
+ * x-death times of deliveries (INT64_MAX: no sample). */
+typedef struct skew {
+    int64_t current;  /* min sample in the current bucket */
+    int64_t previous; /* min sample in the bucket before */
+    int64_t bucket_at;
+} skew_t;
 
 struct lapse_consumer {
     const lapse_config_t *cfg;
@@ -54,6 +66,8 @@ struct lapse_consumer {
     unsigned out_attempt;
     int64_t backlog_at;    /* next look at the outbox */
     int64_t out_polled_at; /* last heartbeat service of the publishing connection */
+    skew_t skew;
+    int64_t skew_logged; /* last bound logged, to log changes only */
     lapse_consumer_stats_t stats;
 };
 

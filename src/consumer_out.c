@@ -74,8 +74,6 @@ static lapse_status_t park(lapse_consumer_t *c, delivery_t *d, lapse_error_t *er
 /* Publish the parked and re-held deliveries; all must be confirmed before the ack. */
 lapse_status_t lapse__consumer_forward(lapse_consumer_t *c, int64_t now,
                                        lapse_error_t *err) {
-    char exchange[LAPSE__NAME_MAX];
-    snprintf(exchange, sizeof exchange, "%s", c->topo.hold_exchange);
     lapse_status_t rc = LAPSE_OK;
     size_t forwarded = 0;
     for (size_t i = 0; i < c->n && rc == LAPSE_OK; i++) {
@@ -92,20 +90,23 @@ lapse_status_t lapse__consumer_forward(lapse_consumer_t *c, int64_t now,
             c->stats.parked++;
             forwarded++;
         } else if (d->action == ACT_EARLY) {
-            /* Never act early: wait for the remainder, then come back through the
-             * expired exchange. The TTL runs on the broker, so this cannot spin. */
+            /* Never act early: the remainder goes down the ladder and comes back
+             * through the expired queue. The TTLs run on the broker, rounded up to whole
+             * seconds (at least one), so this cannot spin. */
             int64_t remaining = d->deadline_ms - now;
+            if (remaining > LAPSE__LADDER_MAX_MS) {
+                remaining = LAPSE__LADDER_MAX_MS; /* it comes back and goes again */
+            }
+            lapse__ladder_route_t route;
+            lapse__ladder_route(remaining, &route);
             lapse__log(c->cfg, LAPSE_LOG_INFO,
-                       "event=decision order_id=%s decision=early remaining_ms=%lld",
-                       d->msg.order_id, (long long)remaining);
+                       "event=decision order_id=%s decision=early remaining_ms=%lld "
+                       "reason=%s ladder_s=%lld",
+                       d->msg.order_id, (long long)remaining,
+                       d->undated ? "undated" : "ahead", (long long)route.seconds);
             d->msg.deadline_ms = d->deadline_ms;
-            /* A remainder beyond RabbitMQ's TTL limit waits the limit and comes back
-             * to be held again. */
-            int64_t ttl = remaining < 1                         ? 1
-                          : remaining > CONSUMER_MAX_EXPIRATION ? CONSUMER_MAX_EXPIRATION
-                                                                : remaining;
-            rc = lapse__publish_expiry(&c->out, exchange, LAPSE__RK_EARLY, &d->msg, ttl,
-                                       NULL, err);
+            rc = lapse__publish_expiry(&c->out, c->topo.delay[route.top],
+                                       route.routing_key, &d->msg, NULL, err);
             c->stats.early++;
             forwarded++;
         }

@@ -10,6 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+_Static_assert(LAPSE_MAX_DELAY_MS == LAPSE__LADDER_MAX_MS, "the ladder sets the limit");
+
 #define BATCH           500  /* orders per store transaction */
 #define WINDOW          1000 /* publishes in flight */
 #define CONFIRM_WAIT_MS 30000
@@ -19,7 +21,7 @@ typedef struct entry {
     char order_id[LAPSE_ORDER_ID_MAX + 1];
     int64_t deadline_ms;
     int64_t created_at_ms;
-    const lapse__class_t *cls;
+    const lapse__class_t *cls; /* its holding queue, or NULL: down the ladder */
     char **holds;
     size_t n_holds;
     uint64_t ref;
@@ -44,8 +46,8 @@ struct lapse_publisher {
 
 lapse_status_t lapse__publish_expiry(lapse__broker_t *broker, const char *exchange,
                                      const char *routing_key,
-                                     const lapse_expiry_msg_t *msg, int64_t expiration_ms,
-                                     uint64_t *tag, lapse_error_t *err) {
+                                     const lapse_expiry_msg_t *msg, uint64_t *tag,
+                                     lapse_error_t *err) {
     char body[LAPSE_ORDER_ID_MAX + 160];
     size_t len;
     lapse_status_t rc = lapse_expiry_msg_encode(msg, body, sizeof body, &len);
@@ -68,14 +70,43 @@ lapse_status_t lapse__publish_expiry(lapse__broker_t *broker, const char *exchan
     props.type = amqp_cstring_bytes(LAPSE_MSG_TYPE);
     props.headers.num_entries = 1;
     props.headers.entries = headers;
-    char expiration[32];
-    if (expiration_ms > 0) {
-        snprintf(expiration, sizeof expiration, "%lld", (long long)expiration_ms);
-        props._flags |= AMQP_BASIC_EXPIRATION_FLAG;
-        props.expiration = amqp_cstring_bytes(expiration);
-    }
     return lapse__broker_publish(broker, exchange, routing_key, true, &props, body, len,
                                  msg->order_id, tag, err);
+}
+
+lapse_status_t lapse_deadline_check(int64_t deadline_ms, int64_t now_ms,
+                                    lapse_error_t *err) {
+    char when[LAPSE_RFC3339_LEN];
+    lapse_time_format_rfc3339(deadline_ms, when);
+    if (deadline_ms <= now_ms) {
+        return lapse_error_set(err, LAPSE_ERR_INVALID, "deadline %s is in the past",
+                               when);
+    }
+    if (deadline_ms - now_ms > LAPSE_MAX_DELAY_MS) {
+        return lapse_error_set(err, LAPSE_ERR_INVALID,
+                               "deadline %s is too far ahead: the longest delay is "
+                               "%lld s (about 8.5 years)",
+                               when, (long long)(LAPSE_MAX_DELAY_MS / 1000));
+    }
+    return LAPSE_OK;
+}
+
+lapse_status_t lapse__publish_route(lapse__broker_t *broker,
+                                    const lapse__topology_t *topo,
+                                    const lapse__class_t *cls,
+                                    const lapse_expiry_msg_t *msg, int64_t now_ms,
+                                    uint64_t *tag, lapse_error_t *err) {
+    if (cls) {
+        return lapse__publish_expiry(broker, topo->hold_exchange, cls->name, msg, tag,
+                                     err);
+    }
+    lapse__ladder_route_t route;
+    if (lapse__ladder_route(msg->deadline_ms - now_ms, &route) != LAPSE_OK) {
+        return lapse_error_set(err, LAPSE_ERR_INVALID,
+                               "%s: deadline beyond the longest delay", msg->order_id);
+    }
+    return lapse__publish_expiry(broker, topo->delay[route.top], route.routing_key, msg,
+                                 tag, err);
 }
 
 static void on_settle(void *opaque, uint64_t tag, lapse_status_t outcome) {
@@ -186,6 +217,7 @@ static void adopt_unscheduled(lapse_publisher_t *pub, entry_t *e) {
                    e->order_id, (long long)order.deadline_ms);
         e->deadline_ms = order.deadline_ms;
         e->created_at_ms = order.created_at_ms;
+        e->cls = NULL; /* what is left of the first deadline goes down the ladder */
         e->rc = LAPSE_OK;
     }
     lapse_order_clear(&order);
@@ -227,8 +259,8 @@ lapse_status_t lapse_publisher_flush(lapse_publisher_t *pub, lapse_error_t *err)
                                   .created_at_ms = e->created_at_ms};
         memcpy(msg.order_id, e->order_id, sizeof msg.order_id);
         pub->by_offset[published++] = i;
-        rc = lapse__publish_expiry(&pub->broker, pub->topo.hold_exchange, e->cls->name,
-                                   &msg, 0, &e->tag, err);
+        rc = lapse__publish_route(&pub->broker, &pub->topo, e->cls, &msg,
+                                  lapse_clock_now_ms(), &e->tag, err);
     }
     if (rc == LAPSE_OK) {
         rc = lapse__broker_wait_confirms(&pub->broker, CONFIRM_WAIT_MS, err);
@@ -276,13 +308,19 @@ lapse_status_t lapse_publisher_flush(lapse_publisher_t *pub, lapse_error_t *err)
 lapse_status_t lapse_publisher_submit(lapse_publisher_t *pub,
                                       const lapse_new_order_t *order, int64_t timeout_ms,
                                       uint64_t ref, lapse_error_t *err) {
-    const lapse__class_t *cls = lapse__config_find_class(pub->cfg, timeout_ms);
+    const lapse__class_t *cls =
+        timeout_ms > 0 ? lapse__config_find_class(pub->cfg, timeout_ms) : NULL;
     size_t id_len = order->order_id ? strlen(order->order_id) : 0;
-    if (!cls || !lapse_order_id_is_valid(order->order_id, id_len)) {
+    const char *refused = NULL;
+    if (!lapse_order_id_is_valid(order->order_id, id_len)) {
+        refused = "invalid order id";
+    } else if (order->deadline_ms - lapse_clock_now_ms() > LAPSE_MAX_DELAY_MS) {
+        refused = "deadline beyond the longest delay (2^28-1 s, about 8.5 years)";
+    }
+    if (refused) {
         if (pub->cb) {
             pub->cb(pub->opaque, ref, order->order_id ? order->order_id : "",
-                    LAPSE_ERR_INVALID,
-                    cls ? "invalid order id" : "timeout matches no configured class");
+                    LAPSE_ERR_INVALID, refused);
         }
         return LAPSE_OK;
     }

@@ -4,17 +4,30 @@
 #define LAPSE_PUBLISHER_INT_H
 
 #include "broker_int.h"
+#include "topology_int.h"
 
 #include <lapse/message.h>
 
 /**
  * Publish msg as the version-1 expiry message (persistent, mandatory, properties and
- * header of DESIGN.md) to exchange/routing_key. expiration_ms > 0 adds a per-message TTL.
- * msg is borrowed. Confirms are reported through the broker's settle callback.
+ * header of DESIGN.md) to exchange/routing_key. msg is borrowed. Confirms are reported
+ * through the broker's settle callback.
  */
 lapse_status_t lapse__publish_expiry(lapse__broker_t *broker, const char *exchange,
                                      const char *routing_key,
-                                     const lapse_expiry_msg_t *msg, int64_t expiration_ms,
-                                     uint64_t *tag, lapse_error_t *err);
+                                     const lapse_expiry_msg_t *msg, uint64_t *tag,
+                                     lapse_error_t *err);
+
+/**
+ * Publish msg towards the expired queue: through cls's holding queue when cls is not
+ * NULL (its TTL counts from now), else down the delay ladder for deadline - now_ms
+ * (rounded up to whole seconds, at least 1 s). LAPSE_ERR_INVALID when the remainder is
+ * longer than the ladder. Borrowed: everything.
+ */
+lapse_status_t lapse__publish_route(lapse__broker_t *broker,
+                                    const lapse__topology_t *topo,
+                                    const lapse__class_t *cls,
+                                    const lapse_expiry_msg_t *msg, int64_t now_ms,
+                                    uint64_t *tag, lapse_error_t *err);
 
 #endif

@@ -27,10 +27,11 @@ static void add_queue(lapse__topology_t *topo, const char *name, int64_t ttl_ms,
 }
 
 static void add_binding(lapse__topology_t *topo, const char *source, const char *dest,
-                        const char *rk) {
+                        bool to_exchange, const char *rk) {
     lapse__binding_def_t *b = &topo->bindings[topo->n_bindings++];
     snprintf(b->source, sizeof b->source, "%s", source);
     snprintf(b->destination, sizeof b->destination, "%s", dest);
+    b->to_exchange = to_exchange;
     snprintf(b->routing_key, sizeof b->routing_key, "%s", rk);
 }
 
@@ -44,7 +45,15 @@ void lapse__topology_build(const lapse_config_t *cfg, lapse__topology_t *topo) {
     snprintf(topo->parked_queue, LAPSE__NAME_MAX, "%s.parked", p);
     snprintf(topo->events_exchange, LAPSE__NAME_MAX, "%s.events", p);
 
+    for (int k = 0; k < LAPSE__LADDER_RUNGS; k++) {
+        /* Zero-padded so that the rungs sort in order in the management UI. */
+        snprintf(topo->delay[k], LAPSE__NAME_MAX, "%s.delay.%02d", p, k);
+    }
+
     add_exchange(topo, topo->hold_exchange, "direct", "");
+    for (int k = LAPSE__LADDER_RUNGS - 1; k >= 0; k--) {
+        add_exchange(topo, topo->delay[k], "topic", "");
+    }
     /* A dead letter that matches no binding would be dropped silently by classic
      * dead-lettering; the alternate exchange parks it instead. */
     add_exchange(topo, topo->expired_exchange, "direct", topo->parked_exchange);
@@ -58,19 +67,35 @@ void lapse__topology_build(const lapse_config_t *cfg, lapse__topology_t *topo) {
         snprintf(name, sizeof name, "%s.hold.%s", p, cfg->classes[i].name);
         add_queue(topo, name, cfg->classes[i].ttl_ms, topo->expired_exchange,
                   LAPSE__RK_EXPIRED);
-        add_binding(topo, topo->hold_exchange, name, cfg->classes[i].name);
+        add_binding(topo, topo->hold_exchange, name, false, cfg->classes[i].name);
     }
-    /* Messages that reached the consumer early wait here for their remainder with a
-     * per-message TTL. Mixed TTLs expire only at the head, so this queue may hold a
-     * message late, never early; it is for the rare early arrival only. */
-    snprintf(name, sizeof name, "%s.hold.%s", p, LAPSE__RK_EARLY);
-    add_queue(topo, name, 0, topo->expired_exchange, LAPSE__RK_EXPIRED);
-    add_binding(topo, topo->hold_exchange, name, LAPSE__RK_EARLY);
+    /* The ladder (see ladder_int.h): rung k holds for 2^k s, one TTL per queue, so no
+     * message waits behind a longer-lived one; the routing key says which rungs to
+     * visit, and the broker alone moves a message from rung to rung. */
+    char pattern[LAPSE__LADDER_RK_LEN];
+    for (int k = 0; k < LAPSE__LADDER_RUNGS; k++) {
+        int64_t ttl_ms = (INT64_C(1) << k) * 1000;
+        if (k == 0) {
+            add_queue(topo, topo->delay[k], ttl_ms, topo->expired_exchange,
+                      LAPSE__RK_EXPIRED);
+        } else {
+            add_queue(topo, topo->delay[k], ttl_ms, topo->delay[k - 1], "");
+        }
+        lapse__ladder_pattern(k, 1, pattern);
+        add_binding(topo, topo->delay[k], topo->delay[k], false, pattern);
+        lapse__ladder_pattern(k, 0, pattern);
+        if (k == 0) {
+            add_binding(topo, topo->delay[k], topo->expired_queue, false, pattern);
+        } else {
+            add_binding(topo, topo->delay[k], topo->delay[k - 1], true, pattern);
+        }
+    }
 
     add_queue(topo, topo->expired_queue, 0, topo->parked_exchange, "");
-    add_binding(topo, topo->expired_exchange, topo->expired_queue, LAPSE__RK_EXPIRED);
+    add_binding(topo, topo->expired_exchange, topo->expired_queue, false,
+                LAPSE__RK_EXPIRED);
     add_queue(topo, topo->parked_queue, 0, "", "");
-    add_binding(topo, topo->parked_exchange, topo->parked_queue, "");
+    add_binding(topo, topo->parked_exchange, topo->parked_queue, false, "");
 }
 
 static amqp_table_t queue_args(const lapse__queue_def_t *q, amqp_table_entry_t e[3]) {
@@ -119,9 +144,17 @@ lapse_status_t lapse_topology_declare(const lapse_config_t *cfg, lapse_error_t *
     }
     for (size_t i = 0; i < topo.n_bindings && rc == LAPSE_OK; i++) {
         const lapse__binding_def_t *b = &topo.bindings[i];
-        amqp_queue_bind(broker.conn, LAPSE__CHANNEL, amqp_cstring_bytes(b->destination),
-                        amqp_cstring_bytes(b->source), amqp_cstring_bytes(b->routing_key),
-                        amqp_empty_table);
+        if (b->to_exchange) {
+            amqp_exchange_bind(broker.conn, LAPSE__CHANNEL,
+                               amqp_cstring_bytes(b->destination),
+                               amqp_cstring_bytes(b->source),
+                               amqp_cstring_bytes(b->routing_key), amqp_empty_table);
+        } else {
+            amqp_queue_bind(broker.conn, LAPSE__CHANNEL,
+                            amqp_cstring_bytes(b->destination),
+                            amqp_cstring_bytes(b->source),
+                            amqp_cstring_bytes(b->routing_key), amqp_empty_table);
+        }
         snprintf(what, sizeof what, "bind %s to %s", b->destination, b->source);
         rc = lapse__broker_reply(&broker, amqp_get_rpc_reply(broker.conn), what, err);
     }
@@ -169,11 +202,11 @@ char *lapse_topology_export(const lapse_config_t *cfg) {
     }
     for (size_t i = 0; i < topo.n_bindings; i++) {
         const lapse__binding_def_t *b = &topo.bindings[i];
-        json_array_append_new(bindings,
-                              json_pack("{s:s, s:s, s:s, s:s, s:s, s:{}}", "source",
-                                        b->source, "vhost", "/", "destination",
-                                        b->destination, "destination_type", "queue",
-                                        "routing_key", b->routing_key, "arguments"));
+        json_array_append_new(
+            bindings, json_pack("{s:s, s:s, s:s, s:s, s:s, s:{}}", "source", b->source,
+                                "vhost", "/", "destination", b->destination,
+                                "destination_type", b->to_exchange ? "exchange" : "queue",
+                                "routing_key", b->routing_key, "arguments"));
     }
     char *text = json_dumps(root, JSON_INDENT(2));
     json_decref(root);

@@ -4,12 +4,12 @@
 #define LAPSE_TOPOLOGY_INT_H
 
 #include "config_int.h"
+#include "ladder_int.h"
 
 #include <lapse/topology.h>
 
 #define LAPSE__NAME_MAX   96
 #define LAPSE__RK_EXPIRED "order.expired"
-#define LAPSE__RK_EARLY   "early"
 
 typedef struct lapse__exchange_def {
     char name[LAPSE__NAME_MAX];
@@ -27,15 +27,16 @@ typedef struct lapse__queue_def {
 typedef struct lapse__binding_def {
     char source[LAPSE__NAME_MAX];
     char destination[LAPSE__NAME_MAX];
+    bool to_exchange; /* an exchange-to-exchange binding */
     char routing_key[LAPSE__NAME_MAX];
 } lapse__binding_def_t;
 
 typedef struct lapse__topology {
-    lapse__exchange_def_t exchanges[4];
+    lapse__exchange_def_t exchanges[4 + LAPSE__LADDER_RUNGS];
     size_t n_exchanges;
-    lapse__queue_def_t queues[LAPSE__MAX_CLASSES + 3];
+    lapse__queue_def_t queues[LAPSE__MAX_CLASSES + 2 + LAPSE__LADDER_RUNGS];
     size_t n_queues;
-    lapse__binding_def_t bindings[LAPSE__MAX_CLASSES + 3];
+    lapse__binding_def_t bindings[LAPSE__MAX_CLASSES + 2 + 2 * LAPSE__LADDER_RUNGS];
     size_t n_bindings;
     /* names the handles use */
     char hold_exchange[LAPSE__NAME_MAX];
@@ -44,6 +45,8 @@ typedef struct lapse__topology {
     char parked_exchange[LAPSE__NAME_MAX];
     char parked_queue[LAPSE__NAME_MAX];
     char events_exchange[LAPSE__NAME_MAX];
+    /* rung k's exchange and queue share the name "<prefix>.delay.<kk>" */
+    char delay[LAPSE__LADDER_RUNGS][LAPSE__NAME_MAX];
 } lapse__topology_t;
 
 /** Build the topology of cfg (pure). */

@@ -7,13 +7,23 @@
 #include <lapse/config.h>
 #include <lapse/store.h>
 
+/** The longest delay: 2^28 - 1 s, about 8.5 years (the delay ladder's 28 rungs). */
+#define LAPSE_MAX_DELAY_MS (((INT64_C(1) << 28) - 1) * 1000)
+
+/**
+ * Check a deadline a user asked for: LAPSE_OK, or LAPSE_ERR_INVALID with a one-line
+ * reason in err when it is not after now_ms or more than LAPSE_MAX_DELAY_MS ahead.
+ */
+LAPSE_API lapse_status_t lapse_deadline_check(int64_t deadline_ms, int64_t now_ms,
+                                              lapse_error_t *err);
+
 /** Opaque publisher: one broker connection in confirm mode. One per thread. */
 typedef struct lapse_publisher lapse_publisher_t;
 
 /**
  * Outcome of one submitted order, called from submit/flush once the broker settled it.
  * rc: LAPSE_OK (recorded, confirmed, marked scheduled), a store refusal
- * (LAPSE_ERR_STORE_CONFLICT / _STATE), LAPSE_ERR_INVALID (no class for the timeout), or a
+ * (LAPSE_ERR_STORE_CONFLICT / _STATE), LAPSE_ERR_INVALID (bad id, deadline too far), or a
  * broker failure (the order stays pending and unscheduled). reason and order_id are
  * borrowed for the call.
  */
@@ -30,8 +40,14 @@ LAPSE_API lapse_publisher_t *lapse_publisher_open(const lapse_config_t *cfg,
                                                   lapse_status_t *rc, lapse_error_t *err);
 
 /**
- * Queue one order for publishing; order is copied (borrows input). timeout_ms names the
- * class whose holding queue carries the message and must equal a configured class.
+ * Queue one order for publishing; order is copied (borrows input). order->deadline_ms
+ * is the deadline. timeout_ms is the payment window it was computed from, or 0 for an
+ * absolute deadline: a timeout equal to a configured class goes one hop through that
+ * class's holding queue; everything else goes down the delay ladder for what remains of
+ * the deadline when it is published (rounded up to whole seconds, at least 1 s, so an
+ * order whose deadline has passed still gets a message). A deadline more than 2^28-1 s
+ * (about 8.5 years) ahead, or an invalid id, is refused through the callback with
+ * LAPSE_ERR_INVALID.
  * Batches are recorded in one store transaction and published with pipelined confirms;
  * submit flushes a full batch itself. ref is handed back to the callback.
  * @return LAPSE_OK, or a failure of the store or broker that stops the publisher (every

@@ -15,13 +15,20 @@
 #define PROGRESS_EVERY 200 /* ms between progress lines on a terminal */
 
 static const char usage[] =
-    "usage: lapse publish ORDER_ID [--timeout DURATION] [--hold RESOURCE]...\n"
+    "usage: lapse publish ORDER_ID [--timeout DURATION | --deadline RFC3339] "
+    "[--hold RESOURCE]...\n"
     "       lapse publish --batch FILE|-\n"
-    "  --timeout D   payment window; must be one of the configured --classes (default "
-    "30m)\n"
-    "  --hold R      a resource the order holds until paid or cancelled (repeatable)\n"
-    "  --batch F     one JSON object a line: {\"order_id\":\"..\",\"timeout\":\"30m\","
-    "\"holds\":[..]}\n"
+    "  --timeout D    payment window, e.g. 90s, 30m, 2h, 400d (default 30m); one equal "
+    "to\n"
+    "                 a configured class waits in that class's queue, any other goes\n"
+    "                 down the delay ladder (whole seconds, rounded up)\n"
+    "  --deadline T   an absolute deadline, e.g. 2026-12-01T18:00:00Z (down the ladder)\n"
+    "                 at most 2^28-1 s (about 8.5 years) ahead\n"
+    "  --hold R       a resource the order holds until paid or cancelled (repeatable)\n"
+    "  --batch F      one JSON object a line: {\"order_id\":\"..\",\"timeout\":\"30m\"} "
+    "or\n"
+    "                 {\"order_id\":\"..\",\"deadline\":\"RFC3339\"}, optional "
+    "\"holds\":[..]\n"
     "Exits 0 once the broker confirmed; 3 if the order exists with another deadline.\n";
 
 typedef struct outcome {
@@ -78,8 +85,9 @@ static lapse_publisher_t *open_publisher(cli_t *cli, lapse_store_t *store,
     return NULL;
 }
 
+/* timeout_ms > 0: deadline now + timeout; else deadline_ms as given. */
 static int publish_one(cli_t *cli, const char *order_id, int64_t timeout_ms,
-                       const char **holds, size_t n_holds) {
+                       int64_t deadline_ms, const char **holds, size_t n_holds) {
     int code = CLI_EXIT_OK;
     lapse_store_t *store = cli_open_store(cli, &code);
     if (!store) {
@@ -90,7 +98,8 @@ static int publish_one(cli_t *cli, const char *order_id, int64_t timeout_ms,
     if (pub) {
         int64_t now = lapse_clock_now_ms();
         lapse_new_order_t order = {.order_id = order_id,
-                                   .deadline_ms = now + timeout_ms,
+                                   .deadline_ms =
+                                       timeout_ms > 0 ? now + timeout_ms : deadline_ms,
                                    .created_at_ms = now,
                                    .holds = holds,
                                    .n_holds = n_holds};
@@ -103,13 +112,13 @@ static int publish_one(cli_t *cli, const char *order_id, int64_t timeout_ms,
             /* The recorded deadline: a retried publish keeps the first one. */
             lapse_order_t stored;
             lapse_order_init(&stored);
-            int64_t deadline_ms = order.deadline_ms;
+            int64_t recorded_ms = order.deadline_ms;
             if (lapse_store_get(store, order_id, &stored, NULL) == LAPSE_OK) {
-                deadline_ms = stored.deadline_ms;
+                recorded_ms = stored.deadline_ms;
             }
             lapse_order_clear(&stored);
             char deadline[LAPSE_RFC3339_LEN];
-            lapse_time_format_rfc3339(deadline_ms, deadline);
+            lapse_time_format_rfc3339(recorded_ms, deadline);
             printf("published order_id=%s deadline=%s\n", order_id, deadline);
         } else {
             code = cli_exit_code(o.last_rc != LAPSE_OK ? o.last_rc : rc);
@@ -164,11 +173,9 @@ static int publish_batch(cli_t *cli, const char *path) {
             bad++;
             continue;
         }
-        if (bl.timeout_ms == 0) {
-            fprintf(stderr,
-                    "lapse publish: line %llu: %s: \"deadline\" lines are not supported "
-                    "yet; give a \"timeout\" equal to a class\n",
-                    (unsigned long long)lineno, bl.order_id);
+        if (lapse_deadline_check(bl.deadline_ms, now, &lerr) != LAPSE_OK) {
+            fprintf(stderr, "lapse publish: line %llu: %s: %s\n",
+                    (unsigned long long)lineno, bl.order_id, lerr.text);
             bad++;
             lapse_batch_line_clear(&bl);
             continue;
@@ -220,7 +227,8 @@ int cmd_publish(cli_t *cli, int argc, char **argv) {
                                          {"batch", required_argument, NULL, 'b'},
                                          {"help", no_argument, NULL, 'h'},
                                          {NULL, 0, NULL, 0}};
-    const char *timeout = "30m";
+    const char *timeout = NULL;
+    const char *deadline = NULL;
     const char *batch = NULL;
     const char *holds[MAX_HOLDS];
     size_t n_holds = 0;
@@ -232,9 +240,8 @@ int cmd_publish(cli_t *cli, int argc, char **argv) {
                 timeout = optarg;
                 break;
             case 'd':
-                return cli_usage_error("publish",
-                                       "--deadline is not supported yet: use --timeout "
-                                       "with one of the configured classes");
+                deadline = optarg;
+                break;
             case 'H':
                 if (n_holds == MAX_HOLDS) {
                     return cli_usage_error("publish", "at most %d --hold", MAX_HOLDS);
@@ -253,8 +260,9 @@ int cmd_publish(cli_t *cli, int argc, char **argv) {
         }
     }
     if (batch) {
-        if (optind != argc || n_holds > 0) {
-            return cli_usage_error("publish", "--batch takes no ORDER_ID and no --hold");
+        if (optind != argc || n_holds > 0 || timeout || deadline) {
+            return cli_usage_error("publish", "--batch takes no ORDER_ID, --hold, "
+                                              "--timeout or --deadline");
         }
         return publish_batch(cli, batch);
     }
@@ -266,16 +274,33 @@ int cmd_publish(cli_t *cli, int argc, char **argv) {
         return cli_usage_error(
             "publish", "invalid order id '%s': 1-128 bytes of [A-Za-z0-9._:-]", order_id);
     }
-    int64_t timeout_ms;
-    if (lapse_duration_parse(timeout, &timeout_ms) != LAPSE_OK) {
-        return cli_usage_error("publish", "invalid --timeout '%s' (e.g. 90s, 30m, 2h)",
-                               timeout);
+    if (timeout && deadline) {
+        return cli_usage_error("publish", "give --timeout or --deadline, not both");
     }
-    if (!lapse_config_has_class(cli->cfg, timeout_ms)) {
-        return cli_usage_error("publish",
-                               "--timeout %s matches no configured class (classes: %s); "
-                               "add it with --classes",
-                               timeout, lapse_config_get(cli->cfg, "classes"));
+    int64_t timeout_ms = 0;
+    int64_t deadline_ms = 0;
+    int64_t now = lapse_clock_now_ms();
+    lapse_error_t err = {0};
+    if (deadline) {
+        if (lapse_time_parse_rfc3339(deadline, &deadline_ms) != LAPSE_OK) {
+            return cli_usage_error("publish",
+                                   "invalid --deadline '%s' (RFC 3339, e.g. "
+                                   "2026-12-01T18:00:00Z)",
+                                   deadline);
+        }
+    } else {
+        if (!timeout) {
+            timeout = "30m";
+        }
+        if (lapse_duration_parse(timeout, &timeout_ms) != LAPSE_OK) {
+            return cli_usage_error(
+                "publish", "invalid --timeout '%s' (e.g. 90s, 30m, 2h, 400d)", timeout);
+        }
+        deadline_ms = now + timeout_ms;
+    }
+    if (lapse_deadline_check(deadline_ms, now, &err) != LAPSE_OK) {
+        return cli_usage_error("publish", "%s%s",
+                               deadline ? "--deadline: " : "--timeout: ", err.text);
     }
     for (size_t i = 0; i < n_holds; i++) {
         size_t hl = strlen(holds[i]);
@@ -283,5 +308,5 @@ int cmd_publish(cli_t *cli, int argc, char **argv) {
             return cli_usage_error("publish", "--hold must be 1-256 bytes");
         }
     }
-    return publish_one(cli, order_id, timeout_ms, holds, n_holds);
+    return publish_one(cli, order_id, timeout_ms, deadline_ms, holds, n_holds);
 }

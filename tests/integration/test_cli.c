@@ -134,9 +134,19 @@ static void test_help_and_usage_errors(void **state) {
     memset(long_id, 'x', 129);
     long_id[129] = '\0';
     expect_usage(&h, "invalid order id", (const char *[]){"publish", long_id, NULL});
-    expect_usage(&h, "no configured class",
-                 (const char *[]){"publish", "o1", "--timeout", "7s", NULL});
-    expect_usage(&h, "no configured class", (const char *[]){"publish", "o1", NULL});
+    expect_usage(
+        &h, "in the past",
+        (const char *[]){"publish", "o1", "--deadline", "2020-01-01T00:00:00Z", NULL});
+    expect_usage(&h, "too far ahead",
+                 (const char *[]){"publish", "o1", "--timeout", "3200d", NULL});
+    expect_usage(
+        &h, "too far ahead",
+        (const char *[]){"publish", "o1", "--deadline", "2099-01-01T00:00:00Z", NULL});
+    expect_usage(&h, "--deadline",
+                 (const char *[]){"publish", "o1", "--deadline", "tomorrow", NULL});
+    expect_usage(&h, "not both",
+                 (const char *[]){"publish", "o1", "--timeout", "7s", "--deadline",
+                                  "2030-01-01T00:00:00Z", NULL});
     expect_usage(&h, "--timeout",
                  (const char *[]){"publish", "o1", "--timeout", "soon", NULL});
     /* pay, status, topology, consume, demo */
@@ -206,10 +216,10 @@ static json_t *overview_json(h_ctx_t *h, json_int_t pending, json_int_t paid,
     json_t *orders = json_object_get(st, "orders");
     assert_true(json_is_object(queues));
     assert_true(json_is_object(orders));
-    const char *suffixes[] = {"hold.2s",    "hold.3s", "hold.10m",
-                              "hold.early", "expired", "parked"};
-    assert_int_equal(json_object_size(queues), 6);
-    for (size_t i = 0; i < 6; i++) {
+    const char *suffixes[] = {"hold.2s",  "hold.3s", "hold.10m", "delay.00",
+                              "delay.27", "expired", "parked"};
+    assert_int_equal(json_object_size(queues), 5 + 28);
+    for (size_t i = 0; i < sizeof suffixes / sizeof suffixes[0]; i++) {
         char name[160];
         snprintf(name, sizeof name, "%s.%s", h->prefix, suffixes[i]);
         json_t *q = json_object_get(queues, name);
@@ -300,10 +310,10 @@ static void test_publish_pay_status(void **state) {
                          q_stat(&h, st, "expired", "messages"),
                      2);
     assert_int_equal(q_stat(&h, st, "parked", "messages"), 0);
-    assert_int_equal(q_stat(&h, st, "hold.early", "messages"), 0);
-    const char *all[] = {"hold.2s",    "hold.3s", "hold.10m",
-                         "hold.early", "expired", "parked"};
-    for (size_t i = 0; i < 6; i++) {
+    assert_int_equal(q_stat(&h, st, "delay.00", "messages"), 0);
+    const char *all[] = {"hold.2s",  "hold.3s", "hold.10m", "delay.00",
+                         "delay.27", "expired", "parked"};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
         assert_int_equal(q_stat(&h, st, all[i], "consumers"), 0);
     }
     json_decref(st);
@@ -379,7 +389,7 @@ static void test_batch_with_bad_lines(void **state) {
           "{\"order_id\":\"b4\",\"timeout\":\"3s\"}\n"                    /* 4 ok */
           "{\"order_id\":\"b5\",\"timeout\":\"2s\",\"colour\":\"red\"}\n" /* 5 unknown
                                                                              field */
-          "{\"order_id\":\"b6\",\"timeout\":\"7s\"}\n"                    /* 6 no class */
+          "{\"order_id\":\"b6\",\"deadline\":\"2020-01-01T00:00:00Z\"}\n" /* 6 past */
           "\n"                                                            /* 7 blank */
           "{\"order_id\":\"b8\",\"timeout\":\"2s\"}\n",                   /* 8 ok */
           f);
@@ -410,7 +420,7 @@ static void test_batch_with_bad_lines(void **state) {
         assert_int_equal(h_count_lines(&h, "cli.log", needle), 0);
     }
     assert_non_null(strstr(err, "colour"));
-    assert_non_null(strstr(err, "class"));
+    assert_non_null(strstr(err, "in the past"));
     free(err);
 
     /* The three good ones are on the broker. */

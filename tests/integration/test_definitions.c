@@ -376,13 +376,16 @@ static void test_import_into_fresh_vhost(void **state) {
     assert_int_equal(h_lapse(h, out, sizeof out, "status", "--json", NULL), 0);
     json_t *st = json_loads(out, 0, NULL);
     assert_non_null(st);
-    const char *names[] = {"lapse.hold.2s", "lapse.hold.early", "lapse.expired",
-                           "lapse.parked"};
+    const char *names[] = {"lapse.hold.2s", "lapse.delay.00", "lapse.delay.27",
+                           "lapse.expired", "lapse.parked"};
     json_t *queues = json_object_get(st, "queues");
-    assert_int_equal(json_object_size(queues), 4);
-    for (size_t i = 0; i < 4; i++) {
-        json_t *qs = json_object_get(queues, names[i]);
-        assert_non_null(qs);
+    assert_int_equal(json_object_size(queues), 3 + 28);
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        assert_non_null(json_object_get(queues, names[i]));
+    }
+    const char *name;
+    json_t *qs;
+    json_object_foreach(queues, name, qs) {
         assert_int_equal(json_integer_value(json_object_get(qs, "messages")), 0);
     }
     json_decref(st);
