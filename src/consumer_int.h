@@ -22,8 +22,9 @@
 /* Busy retries of one batch (about 15 s) before it goes back to the broker. */
 #define CONSUMER_STORE_ATTEMPTS 12
 /* x-death times have a resolution of one second: an upper bound on how far this
- * consumer's clock runs ahead of the broker's is only used when it exceeds that. */
-#define CONSUMER_SKEW_TOLERANCE_MS 1000
+ * consumer's clock runs ahead of the broker's is only used when it exceeds that plus a
+ * margin for delivery latency (otherwise an on-time message would look early). */
+#define CONSUMER_SKEW_TOLERANCE_MS 1250
 /* Skew samples are kept for one to two of these, so that a clock step is noticed. */
 #define CONSUMER_SKEW_BUCKET_MS 60000
 

@@ -194,6 +194,14 @@ pid_t h_spawn_consumer(h_ctx_t *h, const char *log, const char *const *extra) {
     return spawn(h, true, args, n, -1, log);
 }
 
+pid_t h_spawn(h_ctx_t *h, const char *log, const char *const *args) {
+    size_t n = 0;
+    while (args[n]) {
+        n++;
+    }
+    return spawn(h, true, args, n, -1, log);
+}
+
 bool h_alive(pid_t pid) {
     int status;
     return waitpid(pid, &status, WNOHANG) == 0;

@@ -55,6 +55,9 @@ int h_run(h_ctx_t *h, char *out, size_t cap, ...);
 /* Start `lapse <global flags> consume [extra...]` in the background, stderr into
  * <dir>/<log>. extra may be NULL. */
 pid_t h_spawn_consumer(h_ctx_t *h, const char *log, const char *const *extra);
+/* Start `lapse <global flags> args...` (NULL-terminated; it may begin with more global
+ * flags, e.g. --clock-skew) in the background, stderr into <dir>/<log>. */
+pid_t h_spawn(h_ctx_t *h, const char *log, const char *const *args);
 
 /* Send sig (0: none) and wait up to timeout_ms. Returns the exit code, 128+signal when
  * killed by a signal, -1 on timeout (the process is then killed). */
