@@ -234,7 +234,8 @@ lapse_status_t lapse_topology_inspect(const lapse_config_t *cfg, lapse_queue_sta
                  topo.queues[i].name);
         rc = lapse__broker_reply(&broker, amqp_get_rpc_reply(broker.conn), what, err);
         if (rc == LAPSE_OK && ok) {
-            cb(opaque, topo.queues[i].name, ok->message_count, ok->consumer_count);
+            cb(opaque, topo.queues[i].name, topo.queues[i].ttl_ms, ok->message_count,
+               ok->consumer_count);
         }
     }
     lapse__broker_close(&broker);

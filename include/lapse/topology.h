@@ -20,9 +20,11 @@ LAPSE_API lapse_status_t lapse_topology_declare(const lapse_config_t *cfg,
  */
 LAPSE_API char *lapse_topology_export(const lapse_config_t *cfg);
 
-/** Called per queue of the topology; queue is borrowed for the call. */
-typedef void (*lapse_queue_stat_cb)(void *opaque, const char *queue, int64_t messages,
-                                    int64_t consumers);
+/** Called per queue of the topology, in declaration order (classes, the ladder's rungs
+ *  00..27, expired, parked); queue is borrowed for the call. ttl_ms is the queue's
+ *  x-message-ttl (how long a message waits there), 0 for none. */
+typedef void (*lapse_queue_stat_cb)(void *opaque, const char *queue, int64_t ttl_ms,
+                                    int64_t messages, int64_t consumers);
 
 /** Passive-declare every queue of the topology and report depth and consumers. */
 LAPSE_API lapse_status_t lapse_topology_inspect(const lapse_config_t *cfg,

@@ -11,14 +11,23 @@
 
 static const char usage[] =
     "usage: lapse status [ORDER_ID] [--json]\n"
-    "  without ORDER_ID: messages and consumers per queue, orders per status\n"
+    "  without ORDER_ID: messages and consumers per queue (each class, each rung of the\n"
+    "                    delay ladder with how long it holds a message), orders per "
+    "status\n"
     "  with ORDER_ID:    the order's status, times and holds (exit 4 if unknown)\n";
 
-static void add_queue(void *opaque, const char *queue, int64_t messages,
+typedef struct queues {
+    json_t *json; /* {"<name>":{"messages":N,"consumers":N}} */
+    json_t *ttl;  /* {"<name>":ttl_ms}, for the text table */
+} queues_t;
+
+static void add_queue(void *opaque, const char *queue, int64_t ttl_ms, int64_t messages,
                       int64_t consumers) {
-    json_object_set_new(opaque, queue,
+    queues_t *q = opaque;
+    json_object_set_new(q->json, queue,
                         json_pack("{s:I, s:I}", "messages", (json_int_t)messages,
                                   "consumers", (json_int_t)consumers));
+    json_object_set_new(q->ttl, queue, json_integer(ttl_ms));
 }
 
 static json_t *time_or_null(int64_t ms) {
@@ -91,32 +100,40 @@ static int overview(cli_t *cli, lapse_store_t *store, int as_json) {
     if (rc != LAPSE_OK) {
         return cli_fail(rc, &err, "status");
     }
-    json_t *queues = json_object();
-    rc = lapse_topology_inspect(cli->cfg, add_queue, queues, &err);
+    queues_t q = {.json = json_object(), .ttl = json_object()};
+    rc = lapse_topology_inspect(cli->cfg, add_queue, &q, &err);
     if (rc != LAPSE_OK) {
-        json_decref(queues);
+        json_decref(q.json);
+        json_decref(q.ttl);
         int code = cli_fail(rc, &err, "status");
         return code == CLI_EXIT_USAGE ? CLI_EXIT_FAILED : code;
     }
     if (as_json) {
-        return print_json(json_pack("{s:o, s:{s:I, s:I, s:I}}", "queues", queues,
+        json_decref(q.ttl);
+        return print_json(json_pack("{s:o, s:{s:I, s:I, s:I}}", "queues", q.json,
                                     "orders", "pending",
                                     (json_int_t)counts[LAPSE_ORDER_PENDING], "paid",
                                     (json_int_t)counts[LAPSE_ORDER_PAID], "cancelled",
                                     (json_int_t)counts[LAPSE_ORDER_CANCELLED]));
     }
-    printf("%-40s %10s %10s\n", "queue", "messages", "consumers");
+    printf("%-40s %10s %10s %10s\n", "queue", "holds for", "messages", "consumers");
     const char *name;
-    json_t *q;
-    json_object_foreach(queues, name, q) {
-        printf("%-40s %10lld %10lld\n", name,
-               (long long)json_integer_value(json_object_get(q, "messages")),
-               (long long)json_integer_value(json_object_get(q, "consumers")));
+    json_t *stat;
+    json_object_foreach(q.json, name, stat) {
+        char ttl[32] = "-";
+        json_int_t ttl_ms = json_integer_value(json_object_get(q.ttl, name));
+        if (ttl_ms > 0) {
+            lapse_duration_format(ttl_ms, ttl, sizeof ttl);
+        }
+        printf("%-40s %10s %10lld %10lld\n", name, ttl,
+               (long long)json_integer_value(json_object_get(stat, "messages")),
+               (long long)json_integer_value(json_object_get(stat, "consumers")));
     }
     printf("\norders: pending=%lld paid=%lld cancelled=%lld\n",
            (long long)counts[LAPSE_ORDER_PENDING], (long long)counts[LAPSE_ORDER_PAID],
            (long long)counts[LAPSE_ORDER_CANCELLED]);
-    json_decref(queues);
+    json_decref(q.json);
+    json_decref(q.ttl);
     return CLI_EXIT_OK;
 }
 
