@@ -294,6 +294,22 @@ lapse_status_t lapse_config_set(lapse_config_t *cfg, const char *name, const cha
     if (strcmp(name, "clock_skew") == 0) {
         return set_clock_skew(cfg, value, err);
     }
+    if (strcmp(name, "queue_type") == 0) {
+        if (strcmp(value, "classic") != 0 && strcmp(value, "quorum") != 0) {
+            return lapse_error_set(err, LAPSE_ERR_CONFIG_VALUE,
+                                   "queue type \"%s\" is not classic or quorum", value);
+        }
+        cfg->quorum = strcmp(value, "quorum") == 0;
+        return LAPSE_OK;
+    }
+    if (strcmp(name, "max_attempts") == 0) {
+        if (!parse_int_range(value, 1, 1000, &cfg->max_attempts)) {
+            return lapse_error_set(err, LAPSE_ERR_CONFIG_VALUE,
+                                   "max_attempts \"%s\" is not an integer in 1..1000",
+                                   value);
+        }
+        return LAPSE_OK;
+    }
     return lapse_error_set(err, LAPSE_ERR_CONFIG_UNKNOWN, "unknown property \"%s\"",
                            name);
 }
@@ -312,6 +328,8 @@ lapse_config_t *lapse_config_new(void) {
         {"classes", "30m"},
         {"prefetch", "200"},
         {"heartbeat", "30"},
+        {"queue_type", "classic"},
+        {"max_attempts", "10"},
     };
     for (size_t i = 0; i < sizeof defaults / sizeof defaults[0]; i++) {
         if (lapse_config_set(cfg, defaults[i][0], defaults[i][1], NULL) != LAPSE_OK) {
@@ -332,10 +350,9 @@ lapse_status_t lapse_config_from_env(lapse_config_t *cfg, lapse_error_t *err) {
         return lapse_error_set(err, LAPSE_ERR_INVALID, "no config");
     }
     static const char *const vars[][2] = {
-        {"LAPSE_AMQP_URL", "amqp_url"},
-        {"LAPSE_STORE", "store"},
-        {"LAPSE_PREFIX", "prefix"},
-        {"LAPSE_CLASSES", "classes"},
+        {"LAPSE_AMQP_URL", "amqp_url"},     {"LAPSE_STORE", "store"},
+        {"LAPSE_PREFIX", "prefix"},         {"LAPSE_CLASSES", "classes"},
+        {"LAPSE_QUEUE_TYPE", "queue_type"},
     };
     /* All or nothing, like lapse_config_set: apply to a copy, keep it only if every
      * variable was valid. None of these properties has a side effect outside cfg. */
@@ -383,6 +400,13 @@ const char *lapse_config_get(const lapse_config_t *cfg, const char *name) {
     }
     if (strcmp(name, "heartbeat") == 0) {
         snprintf(scratch, cap, "%d", cfg->heartbeat);
+        return scratch;
+    }
+    if (strcmp(name, "queue_type") == 0) {
+        return cfg->quorum ? "quorum" : "classic";
+    }
+    if (strcmp(name, "max_attempts") == 0) {
+        snprintf(scratch, cap, "%d", cfg->max_attempts);
         return scratch;
     }
     if (strcmp(name, "clock_skew") == 0) {

@@ -29,6 +29,8 @@ struct lapse_config {
     char classes_text[LAPSE__MAX_CLASSES * 24];
     int prefetch;
     int heartbeat;
+    bool quorum;      /* queue_type: quorum queues instead of classic ones */
+    int max_attempts; /* failed processing attempts of a delivery before it is parked */
     int64_t clock_skew_ms;
     char scratch[64]; /* lapse_config_get() formatting */
 

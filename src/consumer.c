@@ -2,6 +2,8 @@
  * Consumer: batches of expired messages -> one store transaction -> one multiple ack. */
 #include "consumer_int.h"
 
+#include "publisher_int.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,9 +22,10 @@ lapse_consumer_t *lapse_consumer_new(const lapse_config_t *cfg, lapse_store_t *s
     c->batch = calloc(c->cap, sizeof *c->batch);
     c->items = calloc(c->cap, sizeof *c->items);
     c->item_of = calloc(c->cap, sizeof *c->item_of);
+    c->item_failed = calloc(c->cap, sizeof *c->item_failed);
     c->seqs = calloc(c->cap > CONSUMER_EVENTS_CHUNK ? c->cap : CONSUMER_EVENTS_CHUNK,
                      sizeof *c->seqs);
-    if (!c->batch || !c->items || !c->item_of || !c->seqs) {
+    if (!c->batch || !c->items || !c->item_of || !c->item_failed || !c->seqs) {
         lapse_consumer_free(c);
         *rc = lapse_error_set(err, LAPSE_ERR_NOMEM, "consumer batch");
         return NULL;
@@ -63,6 +66,7 @@ void lapse_consumer_free(lapse_consumer_t *c) {
     free(c->batch);
     free(c->items);
     free(c->item_of);
+    free(c->item_failed);
     free(c->seqs);
     free(c);
 }
@@ -151,6 +155,25 @@ static lapse_status_t collect(lapse_consumer_t *c, lapse_error_t *err) {
     return LAPSE_OK;
 }
 
+/* The x-lapse-attempts header (failed attempts so far), 0 when absent. */
+static int attempts_of(const amqp_basic_properties_t *props) {
+    if (!(props->_flags & AMQP_BASIC_HEADERS_FLAG)) {
+        return 0;
+    }
+    for (int i = 0; i < props->headers.num_entries; i++) {
+        const amqp_table_entry_t *h = &props->headers.entries[i];
+        if (h->key.len == strlen(LAPSE__HDR_ATTEMPTS) &&
+            memcmp(h->key.bytes, LAPSE__HDR_ATTEMPTS, h->key.len) == 0) {
+            int64_t v = h->value.kind == AMQP_FIELD_KIND_I64   ? h->value.value.i64
+                        : h->value.kind == AMQP_FIELD_KIND_I32 ? h->value.value.i32
+                        : h->value.kind == AMQP_FIELD_KIND_U8  ? h->value.value.u8
+                                                               : 0;
+            return v < 0 ? 0 : v > 1000000 ? 1000000 : (int)v;
+        }
+    }
+    return 0;
+}
+
 /* The latest time the broker dead-lettered the message (its own clock, whole seconds),
  * or -1 when it never did: published straight into the expired exchange. */
 static int64_t dead_lettered_at_ms(const amqp_basic_properties_t *props) {
@@ -200,6 +223,7 @@ static int64_t effective_now(lapse_consumer_t *c, int64_t local_now) {
         delivery_t *d = &c->batch[i];
         int64_t at = dead_lettered_at_ms(&d->env.message.properties);
         d->undated = at < 0;
+        d->attempts = attempts_of(&d->env.message.properties);
         if (at >= 0 && local_now - at < s->current) {
             s->current = local_now - at;
         }
@@ -222,19 +246,17 @@ static int64_t effective_now(lapse_consumer_t *c, int64_t local_now) {
     return local_now - bound;
 }
 
-/* Cancel items (the due ones) in one transaction; a busy store is retried with backoff.
- */
+/* Cancel items (the due ones) in one transaction; a busy store is retried a little. */
 static lapse_status_t cancel_items(lapse_consumer_t *c, lapse_cancel_item_t *items,
                                    size_t n, int64_t now,
                                    const volatile sig_atomic_t *stop,
                                    lapse_error_t *err) {
     lapse_status_t rc = LAPSE_OK;
-    /* Bounded: while we sleep nobody services the consuming connection's heartbeats;
-     * past the bound the batch goes back to the broker (unacked) and the session is
-     * retried from the start. */
+    /* Bounded: while we wait nobody services the consuming connection's heartbeats;
+     * past the bound the deliveries take the retry path. */
     for (unsigned attempt = 0; n > 0; attempt++) {
         rc = lapse_store_cancel_batch(c->store, items, n, now, err);
-        if (rc != LAPSE_ERR_STORE_BUSY || attempt == CONSUMER_STORE_ATTEMPTS) {
+        if (rc != LAPSE_ERR_STORE_BUSY || attempt + 1 == CONSUMER_STORE_ATTEMPTS) {
             break;
         }
         lapse__log(c->cfg, LAPSE_LOG_WARN, "event=store_retry op=cancel attempt=%u",
@@ -245,6 +267,48 @@ static lapse_status_t cancel_items(lapse_consumer_t *c, lapse_cancel_item_t *ite
         }
     }
     return rc;
+}
+
+static bool is_store_failure(lapse_status_t rc) {
+    return rc <= -0x0201 && rc >= -0x02ff;
+}
+
+/* Settle items[first..first+n): on LAPSE_OK every item has an outcome or is marked
+ * failed (with why in its delivery's reason). A store that fails for the whole batch
+ * marks them all; a statement that fails (not a busy store) is retried one item per
+ * transaction, so that one poisoned order cannot hold back the others. */
+static lapse_status_t settle_items(lapse_consumer_t *c, size_t first, size_t n,
+                                   int64_t now, const volatile sig_atomic_t *stop,
+                                   lapse_error_t *err) {
+    lapse_cancel_item_t *items = c->items + first;
+    for (size_t k = 0; k < n; k++) {
+        c->item_failed[first + k] = false;
+    }
+    lapse_error_t why = {0};
+    lapse_status_t rc = cancel_items(c, items, n, now, stop, &why);
+    if (rc == LAPSE_OK || n == 0) {
+        return LAPSE_OK;
+    }
+    if (!is_store_failure(rc)) {
+        return lapse_error_set(err, rc, "%s", why.text);
+    }
+    for (size_t k = 0; k < n; k++) {
+        lapse_error_t one = why;
+        lapse_status_t orc = rc;
+        if (rc != LAPSE_ERR_STORE_BUSY && n > 1) {
+            orc = cancel_items(c, items + k, 1, now, stop, &one);
+            if (orc == LAPSE_ERR_STOPPED) {
+                return lapse_error_set(err, orc, "%s", one.text);
+            }
+        }
+        if (orc != LAPSE_OK) {
+            c->item_failed[first + k] = true;
+            delivery_t *d = &c->batch[c->item_of[first + k]];
+            snprintf(d->reason, sizeof d->reason, "%s: %s", lapse_status_name(orc),
+                     one.text);
+        }
+    }
+    return LAPSE_OK;
 }
 
 /* Classify every delivery; cancel the due ones in one transaction. */
@@ -281,13 +345,13 @@ static lapse_status_t decide(lapse_consumer_t *c, int64_t now,
             n_dated = n_items;
         }
     }
-    lapse_status_t rc = cancel_items(c, c->items, n_dated, now, stop, err);
+    lapse_status_t rc = settle_items(c, 0, n_dated, now, stop, err);
     /* A message the broker never held (published straight into the expired exchange,
      * e.g. a replay by hand) has no broker time to check its deadline against: it is
      * not cancelled on arrival but goes once down the ladder (now 0: pending orders come
      * back as early; paid, cancelled and unknown ones are settled as usual). */
     if (rc == LAPSE_OK) {
-        rc = cancel_items(c, c->items + n_dated, n_items - n_dated, 0, stop, err);
+        rc = settle_items(c, n_dated, n_items - n_dated, 0, stop, err);
     }
     if (rc != LAPSE_OK) {
         return rc;
@@ -296,6 +360,10 @@ static lapse_status_t decide(lapse_consumer_t *c, int64_t now,
     for (size_t k = 0; k < n_items; k++) {
         const lapse_cancel_item_t *it = &c->items[k];
         delivery_t *d = &c->batch[c->item_of[k]];
+        if (c->item_failed[k]) {
+            d->action = ACT_RETRY;
+            continue;
+        }
         switch (it->outcome) {
             case LAPSE_CANCEL_DONE:
                 d->action = ACT_DONE;
@@ -336,7 +404,8 @@ static lapse_status_t process(lapse_consumer_t *c, const volatile sig_atomic_t *
     lapse_status_t rc = decide(c, now, stop, err);
     bool forwards = false;
     for (size_t i = 0; i < c->n; i++) {
-        forwards |= c->batch[i].action == ACT_PARK || c->batch[i].action == ACT_EARLY;
+        forwards |= c->batch[i].action == ACT_PARK || c->batch[i].action == ACT_EARLY ||
+                    c->batch[i].action == ACT_RETRY;
     }
     if (rc == LAPSE_OK && forwards) {
         rc = lapse__consumer_ensure_out(c, err);
@@ -442,10 +511,10 @@ lapse_status_t lapse_consumer_run(lapse_consumer_t *c, const volatile sig_atomic
     }
     lapse__log(c->cfg, LAPSE_LOG_INFO,
                "event=stopped deliveries=%llu cancelled=%llu noops=%llu early=%llu "
-               "parked=%llu events=%llu",
+               "retried=%llu parked=%llu events=%llu",
                (unsigned long long)c->stats.deliveries,
                (unsigned long long)c->stats.cancelled, (unsigned long long)c->stats.noops,
-               (unsigned long long)c->stats.early, (unsigned long long)c->stats.parked,
-               (unsigned long long)c->stats.events);
+               (unsigned long long)c->stats.early, (unsigned long long)c->stats.retried,
+               (unsigned long long)c->stats.parked, (unsigned long long)c->stats.events);
     return LAPSE_OK;
 }

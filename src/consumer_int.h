@@ -19,8 +19,11 @@
 /* Outbox rows published in one go, and how often the outbox is looked at. */
 #define CONSUMER_EVENTS_CHUNK     1000
 #define CONSUMER_BACKLOG_EVERY_MS 5000
-/* Busy retries of one batch (about 15 s) before it goes back to the broker. */
-#define CONSUMER_STORE_ATTEMPTS 12
+/* Busy retries of one batch in process (each may wait out SQLite's 5 s busy timeout)
+ * before its deliveries take the retry path. */
+#define CONSUMER_STORE_ATTEMPTS 2
+/* The retry path: attempt a waits min(2^(a-1) s, this) on the ladder. */
+#define CONSUMER_RETRY_MAX_DELAY_MS 300000
 /* x-death times have a resolution of one second: an upper bound on how far this
  * consumer's clock runs ahead of the broker's is only used when it exceeds that plus a
  * margin for delivery latency (otherwise an on-time message would look early). */
@@ -28,13 +31,14 @@
 /* Skew samples are kept for one to two of these, so that a clock step is noticed. */
 #define CONSUMER_SKEW_BUCKET_MS 60000
 
-typedef enum action { ACT_CANCEL, ACT_EARLY, ACT_PARK, ACT_DONE } action_t;
+typedef enum action { ACT_CANCEL, ACT_EARLY, ACT_RETRY, ACT_PARK, ACT_DONE } action_t;
 
 typedef struct delivery {
     amqp_envelope_t env;
     lapse_expiry_msg_t msg;
     action_t action;
     bool undated;        /* never dead-lettered: no broker time vouches for it */
+    int attempts;        /* failed attempts before this delivery (x-lapse-attempts) */
     int64_t deadline_ms; /* the deadline to wait for (early) */
     char reason[256];    /* why it is parked */
 } delivery_t;
@@ -58,7 +62,8 @@ struct lapse_consumer {
     size_t n;
     size_t cap;
     lapse_cancel_item_t *items;
-    size_t *item_of; /* items index -> batch index */
+    size_t *item_of;   /* items index -> batch index */
+    bool *item_failed; /* the store could not settle items[k]: retry path */
     int64_t *seqs;
     size_t n_seqs;
     lapse_status_t out_failure; /* first failed confirm since the last check */

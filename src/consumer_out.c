@@ -28,7 +28,8 @@ void lapse__consumer_sanitize(char *text) {
 
 /* Headers lapse sets when parking; a replayed and re-parked message gets fresh ones. */
 static bool is_own_header(amqp_bytes_t key) {
-    static const char *const own[] = {LAPSE_HDR_REASON, "x-lapse-parked-at-ms"};
+    static const char *const own[] = {LAPSE_HDR_REASON, "x-lapse-parked-at-ms",
+                                      LAPSE__HDR_ATTEMPTS};
     for (size_t i = 0; i < sizeof own / sizeof own[0]; i++) {
         if (key.len == strlen(own[i]) && memcmp(key.bytes, own[i], key.len) == 0) {
             return true;
@@ -42,7 +43,7 @@ static lapse_status_t park(lapse_consumer_t *c, delivery_t *d, lapse_error_t *er
     amqp_basic_properties_t props = d->env.message.properties;
     amqp_table_t old =
         (props._flags & AMQP_BASIC_HEADERS_FLAG) ? props.headers : amqp_empty_table;
-    amqp_table_entry_t *entries = calloc((size_t)old.num_entries + 2, sizeof *entries);
+    amqp_table_entry_t *entries = calloc((size_t)old.num_entries + 3, sizeof *entries);
     if (!entries) {
         return lapse_error_set(err, LAPSE_ERR_NOMEM, "park headers");
     }
@@ -54,6 +55,9 @@ static lapse_status_t park(lapse_consumer_t *c, delivery_t *d, lapse_error_t *er
     }
     entries[n++] = lapse__entry_str(LAPSE_HDR_REASON, d->reason);
     entries[n++] = lapse__entry_i64("x-lapse-parked-at-ms", lapse_clock_now_ms());
+    if (d->attempts > 0) {
+        entries[n++] = lapse__entry_i64(LAPSE__HDR_ATTEMPTS, d->attempts);
+    }
     props.headers.num_entries = n;
     props.headers.entries = entries;
     /* Parked messages wait for an operator: never let them expire. */
@@ -78,6 +82,16 @@ lapse_status_t lapse__consumer_forward(lapse_consumer_t *c, int64_t now,
     size_t forwarded = 0;
     for (size_t i = 0; i < c->n && rc == LAPSE_OK; i++) {
         delivery_t *d = &c->batch[i];
+        if (d->action == ACT_RETRY && d->attempts + 1 >= c->cfg->max_attempts) {
+            /* Out of attempts: park it with the last failure and the count. */
+            char last[sizeof d->reason - 40];
+            memcpy(last, d->reason, sizeof last - 1);
+            last[sizeof last - 1] = '\0';
+            d->attempts++;
+            snprintf(d->reason, sizeof d->reason, "failed %d times, last: %s",
+                     d->attempts, last);
+            d->action = ACT_PARK;
+        }
         if (d->action == ACT_PARK) {
             /* The header keeps the decoder's words; the log line must stay one token. */
             char logged[sizeof d->reason];
@@ -105,9 +119,33 @@ lapse_status_t lapse__consumer_forward(lapse_consumer_t *c, int64_t now,
                        d->msg.order_id, (long long)remaining,
                        d->undated ? "undated" : "ahead", (long long)route.seconds);
             d->msg.deadline_ms = d->deadline_ms;
-            rc = lapse__publish_expiry(&c->out, c->topo.delay[route.top],
-                                       route.routing_key, &d->msg, NULL, err);
+            rc =
+                lapse__publish_expiry(&c->out, c->topo.delay[route.top],
+                                      route.routing_key, &d->msg, d->attempts, NULL, err);
             c->stats.early++;
+            forwarded++;
+        } else if (d->action == ACT_RETRY) {
+            /* The retry path: back down the ladder after a growing delay, the attempt
+             * counted in the message. Nothing waits behind it, and it is acked only once
+             * this publish is confirmed. */
+            d->attempts++;
+            int64_t delay = (int64_t)1000 << (d->attempts < 20 ? d->attempts - 1 : 19);
+            delay =
+                delay > CONSUMER_RETRY_MAX_DELAY_MS ? CONSUMER_RETRY_MAX_DELAY_MS : delay;
+            lapse__ladder_route_t route;
+            lapse__ladder_route(delay, &route);
+            char logged[sizeof d->reason];
+            memcpy(logged, d->reason, sizeof logged);
+            lapse__consumer_sanitize(logged);
+            lapse__log(c->cfg, LAPSE_LOG_WARN,
+                       "event=decision order_id=%s decision=retry attempt=%d of=%d "
+                       "delay_ms=%lld reason=\"%s\"",
+                       d->msg.order_id, d->attempts, c->cfg->max_attempts,
+                       (long long)delay, logged);
+            rc =
+                lapse__publish_expiry(&c->out, c->topo.delay[route.top],
+                                      route.routing_key, &d->msg, d->attempts, NULL, err);
+            c->stats.retried++;
             forwarded++;
         }
     }

@@ -46,16 +46,17 @@ struct lapse_publisher {
 
 lapse_status_t lapse__publish_expiry(lapse__broker_t *broker, const char *exchange,
                                      const char *routing_key,
-                                     const lapse_expiry_msg_t *msg, uint64_t *tag,
-                                     lapse_error_t *err) {
+                                     const lapse_expiry_msg_t *msg, int attempts,
+                                     uint64_t *tag, lapse_error_t *err) {
     char body[LAPSE_ORDER_ID_MAX + 160];
     size_t len;
     lapse_status_t rc = lapse_expiry_msg_encode(msg, body, sizeof body, &len);
     if (rc != LAPSE_OK) {
         return lapse_error_set(err, rc, "encode %s", msg->order_id);
     }
-    amqp_table_entry_t headers[1] = {
-        lapse__entry_i64(LAPSE_HDR_DEADLINE, msg->deadline_ms)};
+    amqp_table_entry_t headers[2] = {
+        lapse__entry_i64(LAPSE_HDR_DEADLINE, msg->deadline_ms),
+        lapse__entry_i64(LAPSE__HDR_ATTEMPTS, attempts)};
     amqp_basic_properties_t props;
     memset(&props, 0, sizeof props);
     props._flags = AMQP_BASIC_CONTENT_TYPE_FLAG | AMQP_BASIC_DELIVERY_MODE_FLAG |
@@ -68,7 +69,7 @@ lapse_status_t lapse__publish_expiry(lapse__broker_t *broker, const char *exchan
     props.timestamp = (uint64_t)(msg->created_at_ms / 1000);
     props.app_id = amqp_cstring_bytes(LAPSE_APP_ID);
     props.type = amqp_cstring_bytes(LAPSE_MSG_TYPE);
-    props.headers.num_entries = 1;
+    props.headers.num_entries = attempts > 0 ? 2 : 1;
     props.headers.entries = headers;
     return lapse__broker_publish(broker, exchange, routing_key, true, &props, body, len,
                                  msg->order_id, tag, err);
@@ -97,7 +98,7 @@ lapse_status_t lapse__publish_route(lapse__broker_t *broker,
                                     const lapse_expiry_msg_t *msg, int64_t now_ms,
                                     uint64_t *tag, lapse_error_t *err) {
     if (cls) {
-        return lapse__publish_expiry(broker, topo->hold_exchange, cls->name, msg, tag,
+        return lapse__publish_expiry(broker, topo->hold_exchange, cls->name, msg, 0, tag,
                                      err);
     }
     lapse__ladder_route_t route;
@@ -106,7 +107,7 @@ lapse_status_t lapse__publish_route(lapse__broker_t *broker,
                                "%s: deadline beyond the longest delay", msg->order_id);
     }
     return lapse__publish_expiry(broker, topo->delay[route.top], route.routing_key, msg,
-                                 tag, err);
+                                 0, tag, err);
 }
 
 static void on_settle(void *opaque, uint64_t tag, lapse_status_t outcome) {

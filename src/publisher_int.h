@@ -8,15 +8,18 @@
 
 #include <lapse/message.h>
 
+#define LAPSE__HDR_ATTEMPTS "x-lapse-attempts"
+
 /**
  * Publish msg as the version-1 expiry message (persistent, mandatory, properties and
- * header of DESIGN.md) to exchange/routing_key. msg is borrowed. Confirms are reported
- * through the broker's settle callback.
+ * header of DESIGN.md) to exchange/routing_key, with header x-lapse-attempts when
+ * attempts > 0 (failed processing attempts so far). msg is borrowed. Confirms are
+ * reported through the broker's settle callback.
  */
 lapse_status_t lapse__publish_expiry(lapse__broker_t *broker, const char *exchange,
                                      const char *routing_key,
-                                     const lapse_expiry_msg_t *msg, uint64_t *tag,
-                                     lapse_error_t *err);
+                                     const lapse_expiry_msg_t *msg, int attempts,
+                                     uint64_t *tag, lapse_error_t *err);
 
 /**
  * Publish msg towards the expired queue: through cls's holding queue when cls is not

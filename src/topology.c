@@ -37,6 +37,7 @@ static void add_binding(lapse__topology_t *topo, const char *source, const char 
 
 void lapse__topology_build(const lapse_config_t *cfg, lapse__topology_t *topo) {
     memset(topo, 0, sizeof *topo);
+    topo->quorum = cfg->quorum;
     const char *p = cfg->prefix;
     snprintf(topo->hold_exchange, LAPSE__NAME_MAX, "%s.hold", p);
     snprintf(topo->expired_exchange, LAPSE__NAME_MAX, "%s.expired", p);
@@ -98,8 +99,21 @@ void lapse__topology_build(const lapse_config_t *cfg, lapse__topology_t *topo) {
     add_binding(topo, topo->parked_exchange, topo->parked_queue, false, "");
 }
 
-static amqp_table_t queue_args(const lapse__queue_def_t *q, amqp_table_entry_t e[3]) {
+/* Quorum queues dead-letter at-least-once only with reject-publish overflow; without it
+ * the argument is accepted and silently ignored (RABBITMQ.md). */
+#define QUEUE_ARGS_MAX 6
+
+static amqp_table_t queue_args(const lapse__topology_t *topo, const lapse__queue_def_t *q,
+                               amqp_table_entry_t e[QUEUE_ARGS_MAX]) {
     amqp_table_t t = {.num_entries = 0, .entries = e};
+    if (topo->quorum) {
+        e[t.num_entries++] = lapse__entry_str("x-queue-type", "quorum");
+        if (q->dlx[0]) {
+            e[t.num_entries++] =
+                lapse__entry_str("x-dead-letter-strategy", "at-least-once");
+            e[t.num_entries++] = lapse__entry_str("x-overflow", "reject-publish");
+        }
+    }
     if (q->ttl_ms > 0) {
         e[t.num_entries++] = lapse__entry_i64("x-message-ttl", q->ttl_ms);
     }
@@ -136,9 +150,9 @@ lapse_status_t lapse_topology_declare(const lapse_config_t *cfg, lapse_error_t *
     }
     for (size_t i = 0; i < topo.n_queues && rc == LAPSE_OK; i++) {
         const lapse__queue_def_t *q = &topo.queues[i];
-        amqp_table_entry_t e[3];
+        amqp_table_entry_t e[QUEUE_ARGS_MAX];
         amqp_queue_declare(broker.conn, LAPSE__CHANNEL, amqp_cstring_bytes(q->name), 0, 1,
-                           0, 0, queue_args(q, e));
+                           0, 0, queue_args(&topo, q, e));
         snprintf(what, sizeof what, "declare queue %s", q->name);
         rc = lapse__broker_reply(&broker, amqp_get_rpc_reply(broker.conn), what, err);
     }
@@ -187,6 +201,14 @@ char *lapse_topology_export(const lapse_config_t *cfg) {
     for (size_t i = 0; i < topo.n_queues; i++) {
         const lapse__queue_def_t *q = &topo.queues[i];
         json_t *args = json_object();
+        if (topo.quorum) {
+            json_object_set_new(args, "x-queue-type", json_string("quorum"));
+            if (q->dlx[0]) {
+                json_object_set_new(args, "x-dead-letter-strategy",
+                                    json_string("at-least-once"));
+                json_object_set_new(args, "x-overflow", json_string("reject-publish"));
+            }
+        }
         if (q->ttl_ms > 0) {
             json_object_set_new(args, "x-message-ttl", json_integer(q->ttl_ms));
         }

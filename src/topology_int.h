@@ -45,6 +45,7 @@ typedef struct lapse__topology {
     char parked_exchange[LAPSE__NAME_MAX];
     char parked_queue[LAPSE__NAME_MAX];
     char events_exchange[LAPSE__NAME_MAX];
+    bool quorum; /* every queue a quorum queue; dead-lettering at-least-once */
     /* rung k's exchange and queue share the name "<prefix>.delay.<kk>" */
     char delay[LAPSE__LADDER_RUNGS][LAPSE__NAME_MAX];
 } lapse__topology_t;

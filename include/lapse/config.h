@@ -32,12 +32,16 @@ LAPSE_API void lapse_config_free(lapse_config_t *cfg);
  *   prefetch   1..65535                           (default 200)
  *   heartbeat  seconds, 0..3600                   (default 30)
  *   clock_skew duration with optional '-' sign    (test hook; default 0)
+ *   queue_type classic | quorum                   (default classic)
+ *   max_attempts 1..1000: failed attempts at a delivery before it is parked
+ *                                                 (default 10)
  * @return LAPSE_OK or LAPSE_ERR_CONFIG_* with err describing the value.
  */
 LAPSE_API lapse_status_t lapse_config_set(lapse_config_t *cfg, const char *name,
                                           const char *value, lapse_error_t *err);
 
-/** Apply LAPSE_AMQP_URL, LAPSE_STORE, LAPSE_PREFIX, LAPSE_CLASSES when set. */
+/** Apply LAPSE_AMQP_URL, LAPSE_STORE, LAPSE_PREFIX, LAPSE_CLASSES, LAPSE_QUEUE_TYPE when
+ *  set. */
 LAPSE_API lapse_status_t lapse_config_from_env(lapse_config_t *cfg, lapse_error_t *err);
 
 /** Current value as text; borrowed until the next set/free on cfg. NULL if unknown. */

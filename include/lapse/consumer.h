@@ -14,8 +14,9 @@ typedef struct lapse_consumer lapse_consumer_t;
 typedef struct lapse_consumer_stats {
     uint64_t deliveries;
     uint64_t cancelled;
-    uint64_t noops; /* paid or already cancelled */
-    uint64_t early; /* put back to wait */
+    uint64_t noops;   /* paid or already cancelled */
+    uint64_t early;   /* put back to wait */
+    uint64_t retried; /* sent down the retry path after a store failure */
     uint64_t parked;
     uint64_t events; /* order.cancelled events confirmed */
     uint64_t reconnects;

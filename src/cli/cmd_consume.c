@@ -8,13 +8,19 @@
 #include <stdlib.h>
 
 static const char usage[] =
-    "usage: lapse consume [--prefetch N]\n"
-    "  --prefetch N  deliveries in flight and the largest batch (default 200)\n"
+    "usage: lapse consume [--prefetch N] [--max-attempts N]\n"
+    "  --prefetch N      deliveries in flight and the largest batch (default 200)\n"
+    "  --max-attempts N  a delivery whose cancel keeps failing (store errors) is "
+    "retried\n"
+    "                    with a growing delay (1 s, 2 s, 4 s, ... at most 5 min) and\n"
+    "                    parked after N attempts (default 10)\n"
     "Runs until SIGINT/SIGTERM: then finishes and acks what it holds and exits 0.\n"
     "Logs one key=value line per decision to stderr.\n";
 
 int cmd_consume(cli_t *cli, int argc, char **argv) {
+    /* Each option sets the config property of the same meaning. */
     static const struct option opts[] = {{"prefetch", required_argument, NULL, 'p'},
+                                         {"max-attempts", required_argument, NULL, 'm'},
                                          {"help", no_argument, NULL, 'h'},
                                          {NULL, 0, NULL, 0}};
     int opt;
@@ -24,13 +30,17 @@ int cmd_consume(cli_t *cli, int argc, char **argv) {
             fputs(usage, stdout);
             return CLI_EXIT_OK;
         }
-        if (opt != 'p') {
+        const char *property = opt == 'p'   ? "prefetch"
+                               : opt == 'm' ? "max_attempts"
+                                            : NULL;
+        if (!property) {
             return cli_usage_error("consume", "unknown or incomplete option '%s'",
                                    argv[optind - 1]);
         }
         lapse_error_t err = {0};
-        if (lapse_config_set(cli->cfg, "prefetch", optarg, &err) != LAPSE_OK) {
-            return cli_usage_error("consume", "--prefetch: %s", err.text);
+        if (lapse_config_set(cli->cfg, property, optarg, &err) != LAPSE_OK) {
+            return cli_usage_error("consume", "--%s: %s",
+                                   opt == 'p' ? "prefetch" : "max-attempts", err.text);
         }
     }
     if (optind != argc) {

@@ -24,6 +24,8 @@ static const char usage[] =
     "  --prefix NAME    LAPSE_PREFIX    (default lapse)\n"
     "  --classes LIST   LAPSE_CLASSES   payment windows with a holding queue each\n"
     "                                   (default 30m; e.g. 15m,30m,45m)\n"
+    "  --queue-type T   LAPSE_QUEUE_TYPE classic (default) or quorum: replicated queues\n"
+    "                                   with at-least-once dead-lettering\n"
     "  --clock-skew D   shift this process's clock (testing only; e.g. 3s or -3s)\n"
     "  --help, --version\n"
     "\n"
@@ -44,8 +46,11 @@ static const struct {
     const char *property;
     const char *env;
 } globals[] = {
-    {"--amqp", "amqp_url", "LAPSE_AMQP_URL"}, {"--store", "store", "LAPSE_STORE"},
-    {"--prefix", "prefix", "LAPSE_PREFIX"},   {"--classes", "classes", "LAPSE_CLASSES"},
+    {"--amqp", "amqp_url", "LAPSE_AMQP_URL"},
+    {"--store", "store", "LAPSE_STORE"},
+    {"--prefix", "prefix", "LAPSE_PREFIX"},
+    {"--classes", "classes", "LAPSE_CLASSES"},
+    {"--queue-type", "queue_type", "LAPSE_QUEUE_TYPE"},
     {"--clock-skew", "clock_skew", NULL},
 };
 

@@ -19,7 +19,7 @@
 
 extern char **environ;
 
-#define OUT_CAP 65536
+#define OUT_CAP 262144
 
 static char *read_file(const char *path) {
     FILE *f = fopen(path, "rb");
@@ -144,6 +144,7 @@ static void unset_lapse_env(void) {
     unsetenv("LAPSE_STORE");
     unsetenv("LAPSE_PREFIX");
     unsetenv("LAPSE_CLASSES");
+    unsetenv("LAPSE_QUEUE_TYPE");
 }
 
 static void test_export_equals_definitions_file(void **state) {
@@ -176,6 +177,33 @@ static void test_export_equals_definitions_file(void **state) {
         h_run(&h, out, OUT_CAP, "--classes", "15m,30m", "topology", "export", NULL), 0);
     chomp(out);
     assert_string_not_equal(out, file);
+
+    /* The quorum variant, likewise. */
+    char qpath[PATH_MAX];
+    snprintf(qpath, sizeof qpath, "%s/definitions/definitions-quorum.json", src);
+    char *qfile = read_file(qpath);
+    assert_non_null(qfile);
+    chomp(qfile);
+    assert_int_equal(
+        h_run(&h, out, OUT_CAP, "--queue-type", "quorum", "topology", "export", NULL), 0);
+    chomp(out);
+    assert_string_equal(out, qfile);
+    json_t *qroot = json_loads(qfile, 0, NULL);
+    assert_non_null(qroot);
+    const char *with_dlx[] = {"lapse.hold.30m", "lapse.delay.00", "lapse.delay.27",
+                              "lapse.expired"};
+    for (size_t i = 0; i < sizeof with_dlx / sizeof with_dlx[0]; i++) {
+        json_t *qq = find_named(json_object_get(qroot, "queues"), "name", with_dlx[i]);
+        assert_non_null(qq);
+        assert_string_equal(arg_str(qq, "x-queue-type"), "quorum");
+        assert_string_equal(arg_str(qq, "x-dead-letter-strategy"), "at-least-once");
+        assert_string_equal(arg_str(qq, "x-overflow"), "reject-publish");
+    }
+    json_t *qparked =
+        find_named(json_object_get(qroot, "queues"), "name", "lapse.parked");
+    assert_string_equal(arg_str(qparked, "x-queue-type"), "quorum");
+    json_decref(qroot);
+    free(qfile);
     free(out);
 
     json_error_t jerr;

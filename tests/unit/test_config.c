@@ -60,6 +60,13 @@ static void test_defaults_follow_design(void **state) {
     assert_string_equal(lapse_config_get(cfg, "heartbeat"), "30");
     assert_string_equal(lapse_config_get(cfg, "clock_skew"), "0");
     assert_int_equal(cfg->clock_skew_ms, 0);
+    assert_string_equal(lapse_config_get(cfg, "queue_type"), "classic");
+    assert_string_equal(lapse_config_get(cfg, "max_attempts"), "10");
+    assert_int_equal(lapse_config_set(cfg, "queue_type", "quorum", NULL), LAPSE_OK);
+    assert_true(cfg->quorum);
+    assert_string_equal(lapse_config_get(cfg, "queue_type"), "quorum");
+    assert_int_equal(lapse_config_set(cfg, "queue_type", "classic", NULL), LAPSE_OK);
+    assert_false(cfg->quorum);
     assert_null(cfg->log_cb);
     lapse_config_free(NULL);
 }
@@ -110,6 +117,8 @@ static void assert_same_config(const lapse_config_t *a, const lapse_config_t *b)
     assert_string_equal(a->classes_text, b->classes_text);
     assert_int_equal(a->prefetch, b->prefetch);
     assert_int_equal(a->heartbeat, b->heartbeat);
+    assert_int_equal(a->quorum, b->quorum);
+    assert_int_equal(a->max_attempts, b->max_attempts);
     assert_int_equal(a->clock_skew_ms, b->clock_skew_ms);
 }
 
@@ -171,7 +180,13 @@ static const struct {
     {"clock_skew", "+5m", LAPSE_ERR_CONFIG_DURATION},
     {"clock_skew", "5", LAPSE_ERR_CONFIG_DURATION},
     {"clock_skew", "-0s", LAPSE_ERR_CONFIG_DURATION},
-    {"queue_type", "quorum", LAPSE_ERR_CONFIG_UNKNOWN},
+    {"queue_type", "Quorum", LAPSE_ERR_CONFIG_VALUE},
+    {"queue_type", "", LAPSE_ERR_CONFIG_VALUE},
+    {"queue_type", "stream", LAPSE_ERR_CONFIG_VALUE},
+    {"max_attempts", "0", LAPSE_ERR_CONFIG_VALUE},
+    {"max_attempts", "1001", LAPSE_ERR_CONFIG_VALUE},
+    {"max_attempts", "3x", LAPSE_ERR_CONFIG_VALUE},
+    {"queue-type", "quorum", LAPSE_ERR_CONFIG_UNKNOWN},
     {"", "x", LAPSE_ERR_CONFIG_UNKNOWN},
     {"PREFIX", "x", LAPSE_ERR_CONFIG_UNKNOWN},
 };
