@@ -416,3 +416,79 @@ lapse_status_t lapse_store_events_mark_published(lapse_store_t *store,
     }
     return store->cls->events_mark_published(store, seqs, n, now_ms, err);
 }
+
+void lapse_pending_filter_init(lapse_pending_filter_t *filter) {
+    if (filter == NULL) {
+        return;
+    }
+    *filter = (lapse_pending_filter_t){.due_before_ms = INT64_MAX,
+                                       .created_before_ms = INT64_MAX,
+                                       .after_deadline_ms = INT64_MIN};
+}
+
+lapse_status_t lapse_store_pending(lapse_store_t *store,
+                                   const lapse_pending_filter_t *filter,
+                                   lapse_order_cb cb, void *opaque, lapse_error_t *err) {
+    lapse_error_clear(err);
+    if (store == NULL || cb == NULL) {
+        return invalid(err, "pending: NULL argument");
+    }
+    lapse_pending_filter_t defaults;
+    if (filter == NULL) {
+        lapse_pending_filter_init(&defaults);
+        filter = &defaults;
+    }
+    /* The cursor: the first page starts after the caller's, every next page after the
+     * last order of the one before. "" sorts before every valid order id. */
+    int64_t after_deadline = filter->after_deadline_ms;
+    char after_id[LAPSE_ORDER_ID_MAX + 1] = "";
+    if (filter->after_order_id != NULL) {
+        size_t len = strlen(filter->after_order_id);
+        if (len > LAPSE_ORDER_ID_MAX) {
+            return invalid(err, "pending: cursor order id too long");
+        }
+        memcpy(after_id, filter->after_order_id, len + 1);
+    } else {
+        after_deadline = INT64_MIN;
+    }
+    /* On the heap: a page is some 50 KiB, and callers may run on small stacks. */
+    lapse_order_t *items = malloc(LAPSE__PENDING_PAGE * sizeof(*items));
+    if (items == NULL) {
+        return lapse_error_set(err, LAPSE_ERR_NOMEM, "pending");
+    }
+    for (size_t i = 0; i < LAPSE__PENDING_PAGE; i++) {
+        lapse_order_init(&items[i]);
+    }
+    size_t left = filter->limit; /* 0: no limit */
+    lapse_status_t rc = LAPSE_OK;
+    bool stopped = false;
+    while (!stopped) {
+        lapse__order_page_t page = {.items = items, .cap = LAPSE__PENDING_PAGE};
+        if (filter->limit > 0 && left < page.cap) {
+            page.cap = left;
+        }
+        rc =
+            store->cls->pending_page(store, filter, after_deadline, after_id, &page, err);
+        /* The page is complete and its read finished: cb may use the handle now. */
+        for (size_t i = 0; rc == LAPSE_OK && !stopped && i < page.n; i++) {
+            stopped = cb(opaque, &items[i]) != 0;
+        }
+        if (page.n > 0) {
+            const lapse_order_t *last = &items[page.n - 1];
+            after_deadline = last->deadline_ms;
+            memcpy(after_id, last->order_id, sizeof(after_id));
+        }
+        for (size_t i = 0; i < page.n; i++) {
+            lapse_order_clear(&items[i]);
+        }
+        if (filter->limit > 0) {
+            left -= page.n;
+        }
+        /* A short page is the last one. */
+        if (rc != LAPSE_OK || page.n < page.cap || (filter->limit > 0 && left == 0)) {
+            break;
+        }
+    }
+    free(items);
+    return rc;
+}

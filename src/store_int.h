@@ -18,6 +18,15 @@ bool lapse__event_list_add(lapse__event_list_t *list, int64_t seq, const char *e
                            const char *body, size_t body_len);
 void lapse__event_list_free(lapse__event_list_t *list);
 
+/* Orders per page of lapse_store_pending(): the most a walk holds in memory at once. */
+#define LAPSE__PENDING_PAGE 256
+
+/* One page of pending orders read by a backend: cap initialised entries, n filled. */
+typedef struct lapse__order_page {
+    lapse_order_t *items;
+    size_t n, cap;
+} lapse__order_page_t;
+
 /** "pending", "paid", "cancelled" -> status; LAPSE_ERR_STORE_SQL for anything else. */
 lapse_status_t lapse__order_status_parse(const char *text, lapse_order_status_t *out);
 
@@ -70,6 +79,14 @@ typedef struct lapse__store_class {
                                      lapse__event_list_t *out, lapse_error_t *err);
     lapse_status_t (*events_mark_published)(lapse_store_t *store, const int64_t *seqs,
                                             size_t n, int64_t now_ms, lapse_error_t *err);
+    /* Fills page (up to page->cap) with the pending orders that match filter, strictly
+     * after (after_deadline_ms, after_id) in (deadline, order id) order, in that order,
+     * with their holds when filter->with_holds; filter->limit and the filter's own cursor
+     * are store.c's business. One read, finished before returning. */
+    lapse_status_t (*pending_page)(lapse_store_t *store,
+                                   const lapse_pending_filter_t *filter,
+                                   int64_t after_deadline_ms, const char *after_id,
+                                   lapse__order_page_t *page, lapse_error_t *err);
     /* Releases everything, including the handle's memory. */
     void (*close)(lapse_store_t *store);
 } lapse__store_class_t;

@@ -460,6 +460,56 @@ static lapse_status_t sq_events_mark_published(lapse_store_t *store, const int64
     return end(s, rc, err);
 }
 
+/* Copies the page's rows out; the statement is released before any hold is read. */
+static lapse_status_t read_page(sqlite_store_t *s, const lapse_pending_filter_t *filter,
+                                int64_t after_deadline_ms, const char *after_id,
+                                lapse__order_page_t *page, lapse_error_t *err) {
+    stmt_id_t id = filter->only_unscheduled ? ST_UNSCHEDULED_PAGE : ST_PENDING_PAGE;
+    sqlite3_stmt *st = s->stmt[id];
+    lapse_status_t rc = LAPSE_OK;
+    int src = bind(st, "itiii", after_deadline_ms, after_id, filter->due_before_ms,
+                   filter->created_before_ms, (int64_t)page->cap);
+    while (src == SQLITE_OK && page->n < page->cap &&
+           (src = sqlite3_step(st)) == SQLITE_ROW) {
+        src = SQLITE_OK;
+        lapse_order_t *order = &page->items[page->n];
+        const char *order_id = (const char *)sqlite3_column_text(st, 0);
+        size_t len = (size_t)sqlite3_column_bytes(st, 0);
+        if (order_id == NULL || len > LAPSE_ORDER_ID_MAX) {
+            rc = lapse_error_set(err, LAPSE_ERR_STORE_SQL, "pending: bad order id");
+            break;
+        }
+        memcpy(order->order_id, order_id, len + 1);
+        order->status = LAPSE_ORDER_PENDING;
+        order->deadline_ms = sqlite3_column_int64(st, 1);
+        order->created_at_ms = sqlite3_column_int64(st, 2);
+        order->scheduled = sqlite3_column_int(st, 3) != 0;
+        page->n++;
+    }
+    if (rc == LAPSE_OK && src != SQLITE_OK && src != SQLITE_DONE) {
+        rc = fail(s, src, STMT_NAME[id], err);
+    }
+    release(st);
+    return rc;
+}
+
+static lapse_status_t sq_pending_page(lapse_store_t *store,
+                                      const lapse_pending_filter_t *filter,
+                                      int64_t after_deadline_ms, const char *after_id,
+                                      lapse__order_page_t *page, lapse_error_t *err) {
+    sqlite_store_t *s = as_sqlite(store);
+    /* One read transaction, so the orders and their holds come from the same snapshot.
+     */
+    lapse_status_t rc = run(s, ST_BEGIN_READ, NULL, err, "");
+    if (rc == LAPSE_OK) {
+        rc = read_page(s, filter, after_deadline_ms, after_id, page, err);
+    }
+    for (size_t i = 0; rc == LAPSE_OK && filter->with_holds && i < page->n; i++) {
+        rc = read_holds(s, page->items[i].order_id, &page->items[i], err);
+    }
+    return end(s, rc, err);
+}
+
 static void sq_close(lapse_store_t *store) {
     sqlite_store_t *s = as_sqlite(store);
     for (int i = 0; i < ST_COUNT_; i++) {
@@ -479,6 +529,7 @@ static const lapse__store_class_t sqlite_class = {
     .count = sq_count,
     .events_pending = sq_events_pending,
     .events_mark_published = sq_events_mark_published,
+    .pending_page = sq_pending_page,
     .close = sq_close,
 };
 

@@ -7,10 +7,13 @@
 
 #include <lapse/message.h>
 
-#define SCHEMA_VERSION 1 /* PRAGMA user_version; SCHEMA_SQL sets it */
+#define SCHEMA_VERSION 2 /* PRAGMA user_version; SCHEMA_SQL sets it */
 
-/* Applied in one write transaction when user_version is behind. The IF NOT EXISTS
- * clauses make a race between two processes creating the same file harmless. */
+/* Applied in one write transaction when user_version is behind, to a new file or to one
+ * of an older version alike: every statement is IF NOT EXISTS, which also makes a race
+ * between two processes creating the same file harmless. Version 2 added the two partial
+ * indexes that walk pending orders by deadline (lapse pending, the sweeper) without
+ * reading paid and cancelled ones. */
 static const char SCHEMA_SQL[] =
     "CREATE TABLE IF NOT EXISTS orders ("
     " order_id TEXT NOT NULL PRIMARY KEY,"
@@ -21,6 +24,10 @@ static const char SCHEMA_SQL[] =
     " cancelled_at_ms INTEGER,"
     " scheduled INTEGER NOT NULL DEFAULT 0 CHECK (scheduled IN (0, 1)));"
     "CREATE INDEX IF NOT EXISTS orders_status_deadline ON orders (status, deadline_ms);"
+    "CREATE INDEX IF NOT EXISTS orders_pending_deadline ON orders (deadline_ms, order_id)"
+    " WHERE status = 'pending';"
+    "CREATE INDEX IF NOT EXISTS orders_unscheduled_deadline"
+    " ON orders (deadline_ms, order_id) WHERE status = 'pending' AND scheduled = 0;"
     "CREATE TABLE IF NOT EXISTS holds ("
     " order_id TEXT NOT NULL REFERENCES orders (order_id),"
     " resource TEXT NOT NULL,"
@@ -35,9 +42,11 @@ static const char SCHEMA_SQL[] =
     " published_at_ms INTEGER);"
     "CREATE INDEX IF NOT EXISTS events_unpublished ON events (seq)"
     " WHERE published_at_ms IS NULL;"
-    "PRAGMA user_version = 1;";
+    "PRAGMA user_version = 2;";
 
-/* Every statement the backend runs; prepared at open, reset after each use. Write
+/* Every statement the backend runs; prepared at open, reset after each use. The page
+ * walks name their partial index: without ANALYZE statistics the planner prefers
+ * orders_status_deadline and sorts every page in a temporary B-tree. Write
  * transactions start with BEGIN IMMEDIATE so the write lock is taken (and waited for)
  * up front: a deferred transaction that upgrades later fails with SQLITE_BUSY_SNAPSHOT
  * without consulting the busy handler. */
@@ -62,6 +71,17 @@ static const char SCHEMA_SQL[] =
                      " WHERE order_id = ?2 AND released_at_ms IS NULL")                  \
     X(EVENT_INSERT, "INSERT INTO events (event_id, order_id, body, created_at_ms)"       \
                     " VALUES (?1, ?2, ?3, ?4)")                                          \
+    X(PENDING_PAGE, "SELECT order_id, deadline_ms, created_at_ms, scheduled"             \
+                    " FROM orders INDEXED BY orders_pending_deadline"                    \
+                    " WHERE status = 'pending' AND (deadline_ms, order_id) > (?1, ?2)"   \
+                    " AND deadline_ms < ?3 AND created_at_ms < ?4"                       \
+                    " ORDER BY deadline_ms, order_id LIMIT ?5")                          \
+    X(UNSCHEDULED_PAGE, "SELECT order_id, deadline_ms, created_at_ms, scheduled"         \
+                        " FROM orders INDEXED BY orders_unscheduled_deadline"            \
+                        " WHERE status = 'pending' AND scheduled = 0 AND (deadline_ms, " \
+                        "order_id) > (?1, ?2)"                                           \
+                        " AND deadline_ms < ?3 AND created_at_ms < ?4"                   \
+                        " ORDER BY deadline_ms, order_id LIMIT ?5")                      \
     X(ORDER_COUNT, "SELECT status, count(*) FROM orders GROUP BY status")                \
     X(EVENTS_PENDING, "SELECT seq, event_id, order_id, body FROM events"                 \
                       " WHERE published_at_ms IS NULL ORDER BY seq LIMIT ?1")            \

@@ -144,6 +144,48 @@ LAPSE_API lapse_status_t lapse_store_events_pending(lapse_store_t *store, size_t
                                                     size_t n_seqs, lapse_event_cb cb,
                                                     void *opaque, lapse_error_t *err);
 
+/**
+ * Which pending orders lapse_store_pending() visits. Caller-allocated; fill it with
+ * lapse_pending_filter_init() first, so fields added later get their defaults.
+ */
+typedef struct lapse_pending_filter {
+    int64_t due_before_ms;     /* only deadline_ms < this (default INT64_MAX: any) */
+    int64_t created_before_ms; /* only created_at_ms < this (default INT64_MAX: any) */
+    bool only_unscheduled;     /* only orders whose message was never confirmed */
+    bool with_holds;           /* fill each order's holds (default false: n_holds 0) */
+    size_t limit;              /* at most this many orders; 0 (default): all */
+    /* Keyset cursor: start strictly after (after_deadline_ms, after_order_id) in
+     * (deadline, order id) order. after_order_id NULL (default): from the start.
+     * Borrowed for the call. A caller that was stopped resumes from the last order it
+     * saw. */
+    int64_t after_deadline_ms;
+    const char *after_order_id;
+} lapse_pending_filter_t;
+
+/** Set the defaults: every pending order, no holds, no limit, from the start. */
+LAPSE_API void lapse_pending_filter_init(lapse_pending_filter_t *filter);
+
+/** Called per order by lapse_store_pending(); order is borrowed for the call. A
+ *  non-zero return stops the walk. */
+typedef int (*lapse_order_cb)(void *opaque, const lapse_order_t *order);
+
+/**
+ * Call cb for every pending order that matches filter, by deadline, then order id.
+ * Orders are read a page at a time (each page in one read transaction, keyset paging on
+ * (deadline, order id)) and the page's read is finished before cb runs, so cb may use
+ * this same handle, for example to cancel or re-publish what it is shown; memory does
+ * not grow with the number of orders. An order that changes while the walk runs is seen
+ * as it was when its page was read, or not at all. filter is borrowed; NULL means the
+ * defaults.
+ * @return LAPSE_OK when the walk ended (also when cb stopped it), else the read's
+ *         failure (LAPSE_ERR_STORE_BUSY is retriable: resume with the cursor).
+ * Thread-safety: like every call on the handle, one thread at a time.
+ */
+LAPSE_API lapse_status_t lapse_store_pending(lapse_store_t *store,
+                                             const lapse_pending_filter_t *filter,
+                                             lapse_order_cb cb, void *opaque,
+                                             lapse_error_t *err);
+
 /** Mark outbox events as published (confirmed by the broker), in one transaction. */
 LAPSE_API lapse_status_t lapse_store_events_mark_published(lapse_store_t *store,
                                                            const int64_t *seqs, size_t n,

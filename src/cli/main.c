@@ -15,6 +15,11 @@ static const char usage[] =
     "  pay ORDER_ID\n"
     "  consume [--prefetch N]     long-running; SIGINT/SIGTERM stop it cleanly\n"
     "  status [ORDER_ID] [--json]\n"
+    "  pending [--due-before TIME] [--limit N] [--json]\n"
+    "                             pending orders by deadline, from the store\n"
+    "  sweep [--dry-run] [--grace D]\n"
+    "                             cancel lost orders, publish unconfirmed ones again\n"
+    "  reconcile [--dry-run]      publish every pending order again (new broker)\n"
     "  topology declare|export\n"
     "  demo                       a short end-to-end run against the broker\n"
     "\n"
@@ -39,6 +44,7 @@ static const struct {
 } commands[] = {
     {"publish", cmd_publish}, {"pay", cmd_pay},           {"consume", cmd_consume},
     {"status", cmd_status},   {"topology", cmd_topology}, {"demo", cmd_demo},
+    {"pending", cmd_pending}, {"sweep", cmd_sweep},       {"reconcile", cmd_reconcile},
 };
 
 static const struct {

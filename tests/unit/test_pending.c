@@ -1,0 +1,528 @@
+/* SPDX-License-Identifier: MIT
+ * Walking pending orders by deadline on a temporary SQLite file: order, filters, keyset
+ * pages, limits, the cursor, callbacks that write, and the schema upgrade it needs. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <sqlite3.h>
+
+#include <lapse/store.h>
+
+#include "store_int.h"
+#include "store_sqlite_sql.h"
+
+#define T0 INT64_C(1800000000000) /* 2027-01-15T08:00:00Z */
+
+typedef struct fixture {
+    char dir[64];
+    char path[96];
+    char uri[112];
+    lapse_store_t *store;
+} fixture_t;
+
+static int make_dir(fixture_t *f) {
+    strcpy(f->dir, "/tmp/lapse-test-pending-XXXXXX");
+    if (mkdtemp(f->dir) == NULL) {
+        return -1;
+    }
+    snprintf(f->path, sizeof(f->path), "%s/store.db", f->dir);
+    snprintf(f->uri, sizeof(f->uri), "sqlite:%s", f->path);
+    return 0;
+}
+
+static int setup(void **state) {
+    fixture_t *f = calloc(1, sizeof(*f));
+    if (f == NULL || make_dir(f) != 0) {
+        free(f);
+        return -1;
+    }
+    lapse_status_t rc;
+    lapse_error_t err;
+    f->store = lapse_store_open(f->uri, &rc, &err);
+    if (f->store == NULL) {
+        fprintf(stderr, "open %s: %s\n", f->uri, err.text);
+        rmdir(f->dir);
+        free(f);
+        return -1;
+    }
+    *state = f;
+    return 0;
+}
+
+/* The directory only: the test opens the store itself. */
+static int setup_dir(void **state) {
+    fixture_t *f = calloc(1, sizeof(*f));
+    if (f == NULL || make_dir(f) != 0) {
+        free(f);
+        return -1;
+    }
+    *state = f;
+    return 0;
+}
+
+static int teardown(void **state) {
+    fixture_t *f = *state;
+    lapse_store_close(f->store);
+    static const char *const suffixes[] = {"", "-wal", "-shm", "-journal"};
+    for (size_t i = 0; i < sizeof(suffixes) / sizeof(suffixes[0]); i++) {
+        char name[128];
+        snprintf(name, sizeof(name), "%s%s", f->path, suffixes[i]);
+        unlink(name);
+    }
+    int rc = rmdir(f->dir);
+    free(f);
+    return rc;
+}
+
+static void insert_full(lapse_store_t *store, const char *order_id, int64_t deadline_ms,
+                        int64_t created_at_ms, const char *const *holds, size_t n_holds) {
+    lapse_new_order_t order = {.order_id = order_id,
+                               .deadline_ms = deadline_ms,
+                               .created_at_ms = created_at_ms,
+                               .holds = holds,
+                               .n_holds = n_holds};
+    lapse_status_t result = LAPSE_ERR_INVALID;
+    lapse_error_t err;
+    assert_int_equal(lapse_store_insert_orders(store, &order, 1, &result, &err),
+                     LAPSE_OK);
+    assert_int_equal(result, LAPSE_OK);
+}
+
+static void insert(lapse_store_t *store, const char *order_id, int64_t deadline_ms) {
+    insert_full(store, order_id, deadline_ms, T0, NULL, 0);
+}
+
+static void mark_scheduled(lapse_store_t *store, const char *order_id) {
+    lapse_error_t err;
+    assert_int_equal(lapse_store_mark_scheduled(store, &order_id, 1, &err), LAPSE_OK);
+}
+
+/* What a walk saw: ids joined by ' ', and the orders' fields for checks. */
+typedef struct seen {
+    char ids[8192];
+    size_t n;
+    size_t stop_after; /* 0: never stop */
+    int64_t last_deadline;
+    char last_id[LAPSE_ORDER_ID_MAX + 1];
+    bool out_of_order;
+    lapse_order_t first;      /* a copy of the first order, holds included */
+    lapse_store_t *cancel_in; /* when set, cb cancels each order it sees through it */
+} seen_t;
+
+static int collect(void *opaque, const lapse_order_t *order) {
+    seen_t *s = opaque;
+    if (s->n > 0 && (order->deadline_ms < s->last_deadline ||
+                     (order->deadline_ms == s->last_deadline &&
+                      strcmp(order->order_id, s->last_id) <= 0))) {
+        s->out_of_order = true;
+    }
+    if (s->n == 0) {
+        s->first = *order;
+        s->first.holds = NULL;
+        s->first.n_holds = 0;
+        for (size_t i = 0; i < order->n_holds; i++) {
+            s->first.holds = realloc(s->first.holds, (i + 1) * sizeof(char *));
+            s->first.holds[i] = strdup(order->holds[i]);
+            s->first.n_holds++;
+        }
+    }
+    s->last_deadline = order->deadline_ms;
+    snprintf(s->last_id, sizeof(s->last_id), "%s", order->order_id);
+    size_t len = strlen(s->ids);
+    if (len + strlen(order->order_id) + 2 < sizeof(s->ids)) {
+        snprintf(s->ids + len, sizeof(s->ids) - len, "%s%s", len ? " " : "",
+                 order->order_id);
+    }
+    assert_int_equal(order->status, LAPSE_ORDER_PENDING);
+    if (s->cancel_in != NULL) {
+        lapse_cancel_item_t item = {.order_id = order->order_id};
+        lapse_error_t err;
+        assert_int_equal(
+            lapse_store_cancel_batch(s->cancel_in, &item, 1, order->deadline_ms, &err),
+            LAPSE_OK);
+        assert_int_equal(item.outcome, LAPSE_CANCEL_DONE);
+    }
+    s->n++;
+    return s->stop_after > 0 && s->n == s->stop_after;
+}
+
+static void walk(lapse_store_t *store, const lapse_pending_filter_t *filter, seen_t *s) {
+    lapse_error_t err;
+    assert_int_equal(lapse_store_pending(store, filter, collect, s, &err), LAPSE_OK);
+    assert_false(s->out_of_order);
+}
+
+static void seen_clear(seen_t *s) {
+    lapse_order_clear(&s->first);
+}
+
+static void test_filter_defaults(void **state) {
+    (void)state;
+    lapse_pending_filter_t filter;
+    memset(&filter, 0x5a, sizeof(filter));
+    lapse_pending_filter_init(&filter);
+    assert_true(filter.due_before_ms == INT64_MAX);
+    assert_true(filter.created_before_ms == INT64_MAX);
+    assert_false(filter.only_unscheduled);
+    assert_false(filter.with_holds);
+    assert_int_equal(filter.limit, 0);
+    assert_null(filter.after_order_id);
+    lapse_pending_filter_init(NULL); /* accepted */
+}
+
+static void test_pending_rejects_null_arguments(void **state) {
+    fixture_t *f = *state;
+    lapse_error_t err;
+    assert_int_equal(lapse_store_pending(NULL, NULL, collect, NULL, &err),
+                     LAPSE_ERR_INVALID);
+    assert_int_equal(lapse_store_pending(f->store, NULL, NULL, NULL, &err),
+                     LAPSE_ERR_INVALID);
+}
+
+static void test_pending_by_deadline_then_order_id(void **state) {
+    fixture_t *f = *state;
+    insert(f->store, "late", T0 + 3000);
+    insert(f->store, "tie-b", T0 + 2000);
+    insert(f->store, "first", T0 + 1000);
+    insert(f->store, "tie-a", T0 + 2000);
+    insert(f->store, "paid", T0 + 1500);
+    insert(f->store, "gone", T0 + 500);
+    lapse_error_t err;
+    assert_int_equal(lapse_store_pay(f->store, "paid", T0, &err), LAPSE_OK);
+    lapse_cancel_item_t item = {.order_id = "gone"};
+    assert_int_equal(lapse_store_cancel_batch(f->store, &item, 1, T0 + 600, &err),
+                     LAPSE_OK);
+
+    seen_t s = {0};
+    walk(f->store, NULL, &s);
+    assert_string_equal(s.ids, "first tie-a tie-b late");
+    assert_int_equal(s.first.deadline_ms, T0 + 1000);
+    assert_int_equal(s.first.created_at_ms, T0);
+    assert_false(s.first.scheduled);
+    seen_clear(&s);
+}
+
+static void test_pending_empty_store_calls_nothing(void **state) {
+    fixture_t *f = *state;
+    seen_t s = {0};
+    walk(f->store, NULL, &s);
+    assert_int_equal(s.n, 0);
+}
+
+static void test_pending_due_before_is_strict(void **state) {
+    fixture_t *f = *state;
+    insert(f->store, "a", T0 + 1000);
+    insert(f->store, "b", T0 + 2000);
+    insert(f->store, "c", T0 + 2001);
+    lapse_pending_filter_t filter;
+    lapse_pending_filter_init(&filter);
+    filter.due_before_ms = T0 + 2000;
+    seen_t s = {0};
+    walk(f->store, &filter, &s);
+    assert_string_equal(s.ids, "a");
+    seen_clear(&s);
+
+    filter.due_before_ms = T0 + 2001;
+    seen_t t = {0};
+    walk(f->store, &filter, &t);
+    assert_string_equal(t.ids, "a b");
+    seen_clear(&t);
+}
+
+static void test_pending_only_unscheduled_created_before(void **state) {
+    fixture_t *f = *state;
+    insert_full(f->store, "old-sched", T0 + 1000, T0 - 60000, NULL, 0);
+    insert_full(f->store, "old", T0 + 2000, T0 - 60000, NULL, 0);
+    insert_full(f->store, "fresh", T0 + 3000, T0 - 1000, NULL, 0);
+    insert_full(f->store, "old-late", T0 + 9000, T0 - 60000, NULL, 0);
+    mark_scheduled(f->store, "old-sched");
+
+    lapse_pending_filter_t filter;
+    lapse_pending_filter_init(&filter);
+    filter.only_unscheduled = true;
+    seen_t s = {0};
+    walk(f->store, &filter, &s);
+    assert_string_equal(s.ids, "old fresh old-late");
+    seen_clear(&s);
+
+    /* In flight: created within the last 30 s, left alone. */
+    filter.created_before_ms = T0 - 30000;
+    seen_t t = {0};
+    walk(f->store, &filter, &t);
+    assert_string_equal(t.ids, "old old-late");
+    seen_clear(&t);
+
+    /* All three filters at once, and created_before alone. */
+    filter.due_before_ms = T0 + 5000;
+    seen_t u = {0};
+    walk(f->store, &filter, &u);
+    assert_string_equal(u.ids, "old");
+    seen_clear(&u);
+    lapse_pending_filter_init(&filter);
+    filter.created_before_ms = T0 - 30000;
+    seen_t v = {0};
+    walk(f->store, &filter, &v);
+    assert_string_equal(v.ids, "old-sched old old-late");
+    seen_clear(&v);
+}
+
+static void test_pending_holds_only_when_asked(void **state) {
+    fixture_t *f = *state;
+    const char *holds[] = {"seat-2", "seat-1"};
+    insert_full(f->store, "h", T0 + 1000, T0, holds, 2);
+    seen_t s = {0};
+    walk(f->store, NULL, &s);
+    assert_int_equal(s.first.n_holds, 0);
+    seen_clear(&s);
+
+    lapse_pending_filter_t filter;
+    lapse_pending_filter_init(&filter);
+    filter.with_holds = true;
+    seen_t t = {0};
+    walk(f->store, &filter, &t);
+    assert_int_equal(t.first.n_holds, 2);
+    assert_string_equal(t.first.holds[0], "seat-1");
+    assert_string_equal(t.first.holds[1], "seat-2");
+    seen_clear(&t);
+}
+
+/* Enough orders for several pages, many sharing a deadline, so that pages break inside
+ * runs of equal deadlines and the order id decides. */
+#define MANY (3 * LAPSE__PENDING_PAGE + 7)
+
+static void insert_many(lapse_store_t *store, size_t n) {
+    lapse_new_order_t *orders = calloc(n, sizeof(*orders));
+    lapse_status_t *results = calloc(n, sizeof(*results));
+    char(*ids)[32] = calloc(n, sizeof(*ids));
+    assert_non_null(orders);
+    assert_non_null(results);
+    assert_non_null(ids);
+    for (size_t i = 0; i < n; i++) {
+        /* Inserted in an order unlike the deadline order. */
+        size_t k = (i * 7919) % n;
+        snprintf(ids[i], sizeof(ids[i]), "m-%04zu", k);
+        orders[i] = (lapse_new_order_t){.order_id = ids[i],
+                                        .deadline_ms = T0 + (int64_t)(k % 50) * 1000,
+                                        .created_at_ms = T0};
+    }
+    lapse_error_t err;
+    assert_int_equal(lapse_store_insert_orders(store, orders, n, results, &err),
+                     LAPSE_OK);
+    free(ids);
+    free(results);
+    free(orders);
+}
+
+static void test_pending_pages_past_page_size(void **state) {
+    fixture_t *f = *state;
+    insert_many(f->store, MANY);
+    seen_t s = {0};
+    walk(f->store, NULL, &s); /* checks strictly increasing (deadline, id): no repeats */
+    assert_int_equal(s.n, MANY);
+    seen_clear(&s);
+
+    /* A limit inside a page, at a page boundary, and beyond the orders there are. */
+    const size_t limits[] = {1, 300, LAPSE__PENDING_PAGE, 2 * LAPSE__PENDING_PAGE,
+                             MANY + 10};
+    for (size_t i = 0; i < sizeof(limits) / sizeof(limits[0]); i++) {
+        lapse_pending_filter_t filter;
+        lapse_pending_filter_init(&filter);
+        filter.limit = limits[i];
+        seen_t t = {0};
+        walk(f->store, &filter, &t);
+        assert_int_equal(t.n, limits[i] < MANY ? limits[i] : MANY);
+        seen_clear(&t);
+    }
+}
+
+static void test_pending_cursor_resumes_after_last_seen(void **state) {
+    fixture_t *f = *state;
+    insert_many(f->store, MANY);
+    seen_t first = {.stop_after = 300};
+    walk(f->store, NULL, &first);
+    assert_int_equal(first.n, 300);
+
+    lapse_pending_filter_t filter;
+    lapse_pending_filter_init(&filter);
+    filter.after_deadline_ms = first.last_deadline;
+    filter.after_order_id = first.last_id;
+    seen_t rest = {0};
+    walk(f->store, &filter, &rest);
+    assert_int_equal(first.n + rest.n, MANY);
+    assert_true(rest.first.deadline_ms > first.last_deadline ||
+                (rest.first.deadline_ms == first.last_deadline &&
+                 strcmp(rest.first.order_id, first.last_id) > 0));
+    seen_clear(&first);
+    seen_clear(&rest);
+
+    /* A cursor id that is too long for an order id is refused. */
+    char long_id[LAPSE_ORDER_ID_MAX + 2];
+    memset(long_id, 'x', sizeof(long_id) - 1);
+    long_id[sizeof(long_id) - 1] = '\0';
+    filter.after_order_id = long_id;
+    lapse_error_t err;
+    assert_int_equal(lapse_store_pending(f->store, &filter, collect, &rest, &err),
+                     LAPSE_ERR_INVALID);
+}
+
+static void test_pending_stops_when_callback_says_so(void **state) {
+    fixture_t *f = *state;
+    insert_many(f->store, MANY);
+    seen_t s = {.stop_after = LAPSE__PENDING_PAGE + 3};
+    walk(f->store, NULL, &s);
+    assert_int_equal(s.n, LAPSE__PENDING_PAGE + 3);
+    seen_clear(&s);
+}
+
+/* The callback cancels every order it is shown, through the same handle, across pages:
+ * each is seen once and the walk still reaches the end. */
+static void test_pending_callback_may_write_through_the_same_handle(void **state) {
+    fixture_t *f = *state;
+    insert_many(f->store, MANY);
+    seen_t s = {.cancel_in = f->store};
+    walk(f->store, NULL, &s);
+    assert_int_equal(s.n, MANY);
+    seen_clear(&s);
+    int64_t counts[3];
+    lapse_error_t err;
+    assert_int_equal(lapse_store_count(f->store, counts, &err), LAPSE_OK);
+    assert_int_equal(counts[LAPSE_ORDER_PENDING], 0);
+    assert_int_equal(counts[LAPSE_ORDER_CANCELLED], MANY);
+}
+
+static int64_t query_int(const char *path, const char *sql) {
+    sqlite3 *db = NULL;
+    sqlite3_stmt *st = NULL;
+    assert_int_equal(sqlite3_open_v2(path, &db, SQLITE_OPEN_READWRITE, NULL), SQLITE_OK);
+    assert_int_equal(sqlite3_prepare_v2(db, sql, -1, &st, NULL), SQLITE_OK);
+    assert_int_equal(sqlite3_step(st), SQLITE_ROW);
+    int64_t value = sqlite3_column_int64(st, 0);
+    sqlite3_finalize(st);
+    sqlite3_close(db);
+    return value;
+}
+
+/* The plan of a page read, as one string of its detail lines. */
+static void query_plan(lapse_store_t *store, const char *path, stmt_id_t id, char *out,
+                       size_t cap) {
+    (void)store;
+    sqlite3 *db = NULL;
+    sqlite3_stmt *st = NULL;
+    char sql[1024];
+    snprintf(sql, sizeof(sql), "EXPLAIN QUERY PLAN %s", STMT_SQL[id]);
+    assert_int_equal(sqlite3_open_v2(path, &db, SQLITE_OPEN_READONLY, NULL), SQLITE_OK);
+    assert_int_equal(sqlite3_prepare_v2(db, sql, -1, &st, NULL), SQLITE_OK);
+    out[0] = '\0';
+    while (sqlite3_step(st) == SQLITE_ROW) {
+        size_t len = strlen(out);
+        snprintf(out + len, cap - len, "%s; ", (const char *)sqlite3_column_text(st, 3));
+    }
+    sqlite3_finalize(st);
+    sqlite3_close(db);
+}
+
+/* Each page is one index range, already in (deadline, id) order: no scan of paid and
+ * cancelled orders, no sort. */
+static void test_pending_pages_read_their_partial_index(void **state) {
+    fixture_t *f = *state;
+    insert_many(f->store, 50);
+    char plan[1024];
+    query_plan(f->store, f->path, ST_PENDING_PAGE, plan, sizeof(plan));
+    print_message("%s: %s\n", STMT_NAME[ST_PENDING_PAGE], plan);
+    assert_non_null(strstr(plan, "USING INDEX orders_pending_deadline"));
+    assert_null(strstr(plan, "TEMP B-TREE"));
+    query_plan(f->store, f->path, ST_UNSCHEDULED_PAGE, plan, sizeof(plan));
+    print_message("%s: %s\n", STMT_NAME[ST_UNSCHEDULED_PAGE], plan);
+    assert_non_null(strstr(plan, "USING INDEX orders_unscheduled_deadline"));
+    assert_null(strstr(plan, "TEMP B-TREE"));
+}
+
+/* A file written by schema version 1 (before the walk's indexes) is upgraded in place
+ * when opened, its orders kept. */
+static void test_open_upgrades_a_version_1_file(void **state) {
+    fixture_t *f = *state;
+    sqlite3 *db = NULL;
+    assert_int_equal(
+        sqlite3_open_v2(f->path, &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, NULL),
+        SQLITE_OK);
+    assert_int_equal(
+        sqlite3_exec(
+            db,
+            "CREATE TABLE orders ("
+            " order_id TEXT NOT NULL PRIMARY KEY,"
+            " status TEXT NOT NULL CHECK (status IN ('pending', 'paid', "
+            "'cancelled')),"
+            " deadline_ms INTEGER NOT NULL,"
+            " created_at_ms INTEGER NOT NULL,"
+            " paid_at_ms INTEGER,"
+            " cancelled_at_ms INTEGER,"
+            " scheduled INTEGER NOT NULL DEFAULT 0 CHECK (scheduled IN (0, 1)));"
+            "CREATE INDEX orders_status_deadline ON orders (status, deadline_ms);"
+            "CREATE TABLE holds ("
+            " order_id TEXT NOT NULL REFERENCES orders (order_id),"
+            " resource TEXT NOT NULL,"
+            " released_at_ms INTEGER,"
+            " PRIMARY KEY (order_id, resource));"
+            "CREATE TABLE events ("
+            " seq INTEGER PRIMARY KEY AUTOINCREMENT,"
+            " event_id TEXT NOT NULL UNIQUE,"
+            " order_id TEXT NOT NULL,"
+            " body TEXT NOT NULL,"
+            " created_at_ms INTEGER NOT NULL,"
+            " published_at_ms INTEGER);"
+            "CREATE INDEX events_unpublished ON events (seq)"
+            " WHERE published_at_ms IS NULL;"
+            "INSERT INTO orders (order_id, status, deadline_ms, created_at_ms)"
+            " VALUES ('v1-b', 'pending', 1800000002000, 1800000000000),"
+            " ('v1-a', 'pending', 1800000001000, 1800000000000);"
+            "PRAGMA user_version = 1;",
+            NULL, NULL, NULL),
+        SQLITE_OK);
+    sqlite3_close(db);
+
+    lapse_status_t rc;
+    lapse_error_t err;
+    f->store = lapse_store_open(f->uri, &rc, &err);
+    assert_non_null(f->store);
+    assert_int_equal(query_int(f->path, "PRAGMA user_version"), SCHEMA_VERSION);
+    assert_int_equal(query_int(f->path, "SELECT count(*) FROM sqlite_master WHERE name IN"
+                                        " ('orders_pending_deadline',"
+                                        " 'orders_unscheduled_deadline')"),
+                     2);
+    seen_t s = {0};
+    walk(f->store, NULL, &s);
+    assert_string_equal(s.ids, "v1-a v1-b");
+    seen_clear(&s);
+    (void)SCHEMA_SQL;
+}
+
+int main(void) {
+#define T(name) cmocka_unit_test_setup_teardown(name, setup, teardown)
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_filter_defaults),
+        T(test_pending_rejects_null_arguments),
+        T(test_pending_by_deadline_then_order_id),
+        T(test_pending_empty_store_calls_nothing),
+        T(test_pending_due_before_is_strict),
+        T(test_pending_only_unscheduled_created_before),
+        T(test_pending_holds_only_when_asked),
+        T(test_pending_pages_past_page_size),
+        T(test_pending_cursor_resumes_after_last_seen),
+        T(test_pending_stops_when_callback_says_so),
+        T(test_pending_callback_may_write_through_the_same_handle),
+        T(test_pending_pages_read_their_partial_index),
+        cmocka_unit_test_setup_teardown(test_open_upgrades_a_version_1_file, setup_dir,
+                                        teardown),
+    };
+#undef T
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
