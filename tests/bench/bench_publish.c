@@ -1,0 +1,125 @@
+/* SPDX-License-Identifier: MIT
+ * bench_publish: the publish ceiling. Publishes N persistent messages of lapse's size and
+ * shape into a durable queue with pipelined publisher confirms, and prints the rate.
+ *
+ * usage: bench_publish URL QUEUE N [WINDOW] [classic|quorum]
+ * Prints "published=N seconds=S rate=R" on stdout; exits 1 on any error or nack. */
+#include "bench_common.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/time.h>
+
+/* Confirms may settle one tag or every tag up to one (multiple); a ring of WINDOW flags
+ * tracks which of the outstanding tags are settled, so out-of-order singles count too. */
+typedef struct window {
+    bool *done;
+    size_t size;
+    uint64_t low;  /* every tag <= low is settled */
+    uint64_t next; /* the tag of the next publish */
+} window_t;
+
+static void settle(window_t *w, uint64_t tag, bool multiple) {
+    if (tag <= w->low || tag >= w->next) {
+        return;
+    }
+    for (uint64_t t = multiple ? w->low + 1 : tag; t <= tag; t++) {
+        w->done[t % w->size] = true;
+    }
+    while (w->low + 1 < w->next && w->done[(w->low + 1) % w->size]) {
+        w->low++;
+        w->done[w->low % w->size] = false;
+    }
+}
+
+/* Waits for one confirm frame and settles it; nacks, returns and closes are fatal. */
+static void await_confirm(amqp_connection_state_t conn, window_t *w) {
+    amqp_frame_t frame;
+    struct timeval tv = {.tv_sec = 30};
+    int st = amqp_simple_wait_frame_noblock(conn, &frame, &tv);
+    if (st != AMQP_STATUS_OK) {
+        bench_die("waiting for confirms", amqp_error_string2(st));
+    }
+    if (frame.frame_type != AMQP_FRAME_METHOD) {
+        return;
+    }
+    switch (frame.payload.method.id) {
+        case AMQP_BASIC_ACK_METHOD: {
+            const amqp_basic_ack_t *ack = frame.payload.method.decoded;
+            settle(w, ack->delivery_tag, ack->multiple);
+            break;
+        }
+        case AMQP_BASIC_NACK_METHOD:
+            bench_die("publish", "the broker nacked a message");
+        case AMQP_CHANNEL_CLOSE_METHOD:
+        case AMQP_CONNECTION_CLOSE_METHOD:
+            bench_die("publish", "the broker closed the channel");
+        default:
+            break;
+    }
+}
+
+int main(int argc, char **argv) {
+    if (argc < 4 || argc > 6) {
+        fputs("usage: bench_publish URL QUEUE N [WINDOW] [classic|quorum]\n", stderr);
+        return 2;
+    }
+    const char *queue = argv[2];
+    size_t n = bench_count(argv[3], "N");
+    size_t size = argc > 4 ? bench_count(argv[4], "WINDOW") : 500;
+    bool quorum = argc > 5 && strcmp(argv[5], "quorum") == 0;
+
+    amqp_connection_state_t conn = bench_connect(argv[1], "bench_publish");
+    bench_declare(conn, queue, quorum);
+    amqp_confirm_select(conn, BENCH_CHANNEL);
+    bench_check(amqp_get_rpc_reply(conn), "confirm.select");
+
+    window_t w = {.done = calloc(size, sizeof(bool)), .size = size, .low = 0, .next = 1};
+    if (!w.done) {
+        bench_die("window", "out of memory");
+    }
+    struct timeval wall;
+    gettimeofday(&wall, NULL);
+    int64_t deadline_ms = (int64_t)wall.tv_sec * 1000 + wall.tv_usec / 1000 + 1800000;
+    amqp_table_entry_t header = {
+        .key = amqp_cstring_bytes("x-lapse-deadline-ms"),
+        .value = {.kind = AMQP_FIELD_KIND_I64, .value.i64 = deadline_ms}};
+    amqp_basic_properties_t props = {
+        ._flags = AMQP_BASIC_CONTENT_TYPE_FLAG | AMQP_BASIC_DELIVERY_MODE_FLAG |
+                  AMQP_BASIC_MESSAGE_ID_FLAG | AMQP_BASIC_TIMESTAMP_FLAG |
+                  AMQP_BASIC_APP_ID_FLAG | AMQP_BASIC_TYPE_FLAG | AMQP_BASIC_HEADERS_FLAG,
+        .content_type = amqp_cstring_bytes("application/json"),
+        .delivery_mode = AMQP_DELIVERY_PERSISTENT,
+        .timestamp = (uint64_t)(deadline_ms / 1000 - 1800),
+        .app_id = amqp_cstring_bytes("lapse"),
+        .type = amqp_cstring_bytes("order.expire"),
+        .headers = {.num_entries = 1, .entries = &header}};
+
+    double t0 = bench_now();
+    for (size_t i = 0; i < n; i++) {
+        while (w.next - 1 - w.low >= size) {
+            await_confirm(conn, &w);
+        }
+        char body[256];
+        size_t len = bench_body(body, sizeof body, i, deadline_ms);
+        char id[32];
+        snprintf(id, sizeof id, "ord-%08zu", i);
+        props.message_id = amqp_cstring_bytes(id);
+        int st = amqp_basic_publish(conn, BENCH_CHANNEL, amqp_empty_bytes,
+                                    amqp_cstring_bytes(queue), 0, 0, &props,
+                                    (amqp_bytes_t){.len = len, .bytes = body});
+        if (st != AMQP_STATUS_OK) {
+            bench_die("basic.publish", amqp_error_string2(st));
+        }
+        w.next++;
+    }
+    while (w.low + 1 < w.next) {
+        await_confirm(conn, &w);
+    }
+    double seconds = bench_now() - t0;
+    printf("published=%zu seconds=%.3f rate=%.0f\n", n, seconds, (double)n / seconds);
+    free(w.done);
+    bench_close(conn);
+    return 0;
+}
