@@ -302,6 +302,17 @@ lapse_status_t lapse_config_set(lapse_config_t *cfg, const char *name, const cha
         cfg->quorum = strcmp(value, "quorum") == 0;
         return LAPSE_OK;
     }
+    if (strcmp(name, "sweep_every") == 0 || strcmp(name, "sweep_grace") == 0) {
+        int64_t ms = 0;
+        if (strcmp(value, "0") != 0 && lapse_duration_parse(value, &ms) != LAPSE_OK) {
+            return lapse_error_set(err, LAPSE_ERR_CONFIG_DURATION,
+                                   "%s \"%s\" is not a duration (e.g. 60s) or 0", name,
+                                   value);
+        }
+        *(strcmp(name, "sweep_every") == 0 ? &cfg->sweep_every_ms
+                                           : &cfg->sweep_grace_ms) = ms;
+        return LAPSE_OK;
+    }
     if (strcmp(name, "max_attempts") == 0) {
         if (!parse_int_range(value, 1, 1000, &cfg->max_attempts)) {
             return lapse_error_set(err, LAPSE_ERR_CONFIG_VALUE,
@@ -330,6 +341,8 @@ lapse_config_t *lapse_config_new(void) {
         {"heartbeat", "30"},
         {"queue_type", "classic"},
         {"max_attempts", "10"},
+        {"sweep_every", "60s"},
+        {"sweep_grace", "60s"},
     };
     for (size_t i = 0; i < sizeof defaults / sizeof defaults[0]; i++) {
         if (lapse_config_set(cfg, defaults[i][0], defaults[i][1], NULL) != LAPSE_OK) {
@@ -407,6 +420,16 @@ const char *lapse_config_get(const lapse_config_t *cfg, const char *name) {
     }
     if (strcmp(name, "max_attempts") == 0) {
         snprintf(scratch, cap, "%d", cfg->max_attempts);
+        return scratch;
+    }
+    if (strcmp(name, "sweep_every") == 0 || strcmp(name, "sweep_grace") == 0) {
+        int64_t ms =
+            strcmp(name, "sweep_every") == 0 ? cfg->sweep_every_ms : cfg->sweep_grace_ms;
+        if (ms == 0) {
+            snprintf(scratch, cap, "0");
+        } else {
+            lapse_duration_format(ms, scratch, cap);
+        }
         return scratch;
     }
     if (strcmp(name, "clock_skew") == 0) {

@@ -19,6 +19,8 @@
 /* Outbox rows published in one go, and how often the outbox is looked at. */
 #define CONSUMER_EVENTS_CHUNK     1000
 #define CONSUMER_BACKLOG_EVERY_MS 5000
+/* Orders one sweep call handles per part before deliveries get their turn again. */
+#define CONSUMER_SWEEP_CHUNK 1000
 /* Busy retries of one batch in process (each may wait out SQLite's 5 s busy timeout)
  * before its deliveries take the retry path. */
 #define CONSUMER_STORE_ATTEMPTS 2
@@ -72,6 +74,7 @@ struct lapse_consumer {
     unsigned out_attempt;
     int64_t backlog_at;    /* next look at the outbox */
     int64_t out_polled_at; /* last heartbeat service of the publishing connection */
+    int64_t sweep_at;      /* next sweep (0: at start) */
     skew_t skew;
     int64_t skew_logged; /* last bound logged, to log changes only */
     lapse_consumer_stats_t stats;
@@ -92,7 +95,8 @@ lapse_status_t lapse__consumer_forward(lapse_consumer_t *c, int64_t now,
 void lapse__consumer_events(lapse_consumer_t *c, const int64_t *only, size_t n_only,
                             size_t limit);
 
-/** Heartbeats of the publishing connection and the outbox backlog, now and then. */
+/** Heartbeats of the publishing connection, the outbox backlog and the sweep, now and
+ *  then. */
 void lapse__consumer_housekeeping(lapse_consumer_t *c);
 
 #endif

@@ -5,6 +5,8 @@
 
 #include "publisher_int.h"
 
+#include <lapse/sweep.h>
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -264,6 +266,35 @@ void lapse__consumer_events(lapse_consumer_t *c, const int64_t *only, size_t n_o
     }
 }
 
+/* The safety net under the broker path (see sweep.h): orders never confirmed are
+ * published again, orders still pending a grace period after their deadline are
+ * cancelled directly. Bounded per call so that deliveries are not held up; called again
+ * at once while there is more. */
+static void sweep(lapse_consumer_t *c, int64_t now) {
+    lapse_sweep_opts_t opts;
+    lapse_sweep_opts_init(&opts);
+    opts.grace_ms = c->cfg->sweep_grace_ms;
+    opts.max_orders = CONSUMER_SWEEP_CHUNK;
+    lapse_sweep_report_t report;
+    lapse_error_t err = {0};
+    lapse_status_t rc = lapse_sweep_run(c->cfg, c->store, &opts, &report, &err);
+    c->sweep_at = report.more && rc == LAPSE_OK ? now : now + c->cfg->sweep_every_ms;
+    if (rc != LAPSE_OK) {
+        char text[sizeof err.text];
+        snprintf(text, sizeof text, "%s", err.text);
+        lapse__consumer_sanitize(text);
+        lapse__log(c->cfg, LAPSE_LOG_WARN, "event=sweep_failed status=%s reason=\"%s\"",
+                   lapse_status_name(rc), text);
+    }
+    if (report.republished + report.cancelled + report.failed > 0) {
+        lapse__log(c->cfg, LAPSE_LOG_INFO,
+                   "event=sweep republished=%llu cancelled=%llu failed=%llu more=%d",
+                   (unsigned long long)report.republished,
+                   (unsigned long long)report.cancelled,
+                   (unsigned long long)report.failed, report.more ? 1 : 0);
+    }
+}
+
 /* After every batch or idle wait: keep the publishing connection alive (heartbeats,
  * late frames) even when nothing is published for a while, and publish the outbox
  * backlog now and then. */
@@ -280,5 +311,8 @@ void lapse__consumer_housekeeping(lapse_consumer_t *c) {
     if (now >= c->backlog_at) {
         c->backlog_at = now + CONSUMER_BACKLOG_EVERY_MS;
         lapse__consumer_events(c, NULL, 0, CONSUMER_EVENTS_CHUNK);
+    }
+    if (c->cfg->sweep_every_ms > 0 && now >= c->sweep_at) {
+        sweep(c, now);
     }
 }

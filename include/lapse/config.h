@@ -35,6 +35,10 @@ LAPSE_API void lapse_config_free(lapse_config_t *cfg);
  *   queue_type classic | quorum                   (default classic)
  *   max_attempts 1..1000: failed attempts at a delivery before it is parked
  *                                                 (default 10)
+ *   sweep_every  duration or 0: the consumer's sweep (at start and then this often;
+ *                0 never)                         (default 60s)
+ *   sweep_grace  duration or 0: how long after its deadline a pending order is
+ *                cancelled directly by that sweep (default 60s)
  * @return LAPSE_OK or LAPSE_ERR_CONFIG_* with err describing the value.
  */
 LAPSE_API lapse_status_t lapse_config_set(lapse_config_t *cfg, const char *name,
