@@ -30,6 +30,7 @@ int cmd_consume(cli_t *cli, int argc, char **argv);
 int cmd_status(cli_t *cli, int argc, char **argv);
 int cmd_topology(cli_t *cli, int argc, char **argv);
 int cmd_demo(cli_t *cli, int argc, char **argv);
+int cmd_parked(cli_t *cli, int argc, char **argv);
 
 /** Map a status to the exit codes of DESIGN.md. */
 int cli_exit_code(lapse_status_t rc);

@@ -16,6 +16,8 @@ static const char usage[] =
     "  consume [--prefetch N]     long-running; SIGINT/SIGTERM stop it cleanly\n"
     "  status [ORDER_ID] [--json]\n"
     "  topology declare|export\n"
+    "  parked list [--json] [--limit N]\n"
+    "  parked replay --all|ORDER_ID   send parked messages back to the expired queue\n"
     "  demo                       a short end-to-end run against the broker\n"
     "\n"
     "global options (each beats its environment variable):\n"
@@ -37,6 +39,7 @@ static const struct {
 } commands[] = {
     {"publish", cmd_publish}, {"pay", cmd_pay},           {"consume", cmd_consume},
     {"status", cmd_status},   {"topology", cmd_topology}, {"demo", cmd_demo},
+    {"parked", cmd_parked},
 };
 
 static const struct {
