@@ -403,6 +403,10 @@ lapse_status_t lapse_parked_replay(const lapse_config_t *cfg, const char *order_
         amqp_maybe_release_buffers_on_channel(r->s.broker.conn, LAPSE__CHANNEL);
         if (rc == LAPSE_OK && r->n == REPLAY_CHUNK) {
             rc = flush(r, err);
+        } else if (rc == LAPSE_OK && seen % REPLAY_CHUNK == REPLAY_CHUNK - 1) {
+            /* A long scan for one order publishes rarely: keep the publishing
+             * connection's heartbeats going so the broker does not drop it. */
+            rc = lapse__broker_poll(&r->out, 0, err);
         }
     }
     if (rc == LAPSE_OK) {

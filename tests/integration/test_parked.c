@@ -21,7 +21,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define N_GHOSTS 30 /* unknown orders ghost-00 .. ghost-29 */
+#define N_GHOSTS 150 /* unknown orders ghost-000 .. ghost-149: more than a replay round  \
+                      */
 /* ghosts, late-1, ghost-dl (dead-lettered by the broker), a non-JSON body and a body
  * without deadline (neither with a message_id) */
 #define N_CONSUMER_PARKED (N_GHOSTS + 4)
@@ -200,7 +201,7 @@ static void test_list_and_replay_parked_messages(void **state) {
      * the retry path leaves it after ten failed attempts. */
     char id[32];
     for (int i = 0; i < N_GHOSTS; i++) {
-        snprintf(id, sizeof id, "ghost-%02d", i);
+        snprintf(id, sizeof id, "ghost-%03d", i);
         publish_expiry(&h, conn, "expired", "order.expired", id, t0 - 1000);
     }
     publish_expiry(&h, conn, "expired", "order.expired", "late-1", t0 - 1000);
@@ -223,7 +224,7 @@ static void test_list_and_replay_parked_messages(void **state) {
     assert_int_equal(json_integer_value(json_object_get(root, "more")), 0);
     assert_int_equal(json_array_size(json_object_get(root, "messages")), N_PARKED);
     for (int i = 0; i < N_GHOSTS; i++) {
-        snprintf(id, sizeof id, "ghost-%02d", i);
+        snprintf(id, sizeof id, "ghost-%03d", i);
         json_t *m = find(root, id);
         char reason[64];
         snprintf(reason, sizeof reason, "unknown order: %s", id);
@@ -280,7 +281,7 @@ static void test_list_and_replay_parked_messages(void **state) {
     assert_int_equal(h_lapse(&h, out, sizeof out, "parked", "list", NULL), 0);
     snprintf(want, sizeof want, "%d parked messages", N_PARKED);
     assert_non_null(strstr(out, want));
-    assert_non_null(strstr(out, "unknown order: ghost-07"));
+    assert_non_null(strstr(out, "unknown order: ghost-007"));
     assert_int_equal(parked_depth(&h, conn), N_PARKED);
 
     /* late-1 exists by now (recorded, its own message lost), due in three seconds:
@@ -328,8 +329,8 @@ static void test_list_and_replay_parked_messages(void **state) {
     expect_fail(&h, 4, "no parked message for order 'late-1'", "replay", "late-1", NULL,
                 NULL);
     expect_fail(&h, 2, "--all or one ORDER_ID", "replay", NULL, NULL, NULL);
-    expect_fail(&h, 2, "--all or one ORDER_ID", "replay", "--all", "ghost-01", NULL);
-    expect_fail(&h, 2, "--all or one ORDER_ID", "replay", "ghost-01", "ghost-02", NULL);
+    expect_fail(&h, 2, "--all or one ORDER_ID", "replay", "--all", "ghost-001", NULL);
+    expect_fail(&h, 2, "--all or one ORDER_ID", "replay", "ghost-001", "ghost-002", NULL);
     expect_fail(&h, 2, "unknown option '--bogus'", "replay", "--bogus", NULL, NULL);
     expect_fail(&h, 2, "invalid order id", "replay", "bad id!", NULL, NULL);
     expect_fail(&h, 2, "--limit", "list", "--limit", "0", NULL);
@@ -367,7 +368,7 @@ static void test_list_and_replay_parked_messages(void **state) {
     root = list_json(&h, NULL);
     assert_int_equal(json_integer_value(json_object_get(root, "listed")), N_PARKED - 1);
     for (int i = 0; i < N_GHOSTS; i++) {
-        snprintf(id, sizeof id, "ghost-%02d", i);
+        snprintf(id, sizeof id, "ghost-%03d", i);
         m = find(root, id);
         assert_true(json_integer_value(json_object_get(m, "parked_at_ms")) >= t2);
     }
