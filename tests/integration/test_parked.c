@@ -21,8 +21,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define N_GHOSTS 150 /* unknown orders ghost-000 .. ghost-149: more than a replay round  \
-                      */
+/* Unknown orders ghost-000 .. ghost-149: more than one replay round. */
+#define N_GHOSTS 150
 /* ghosts, late-1, ghost-dl (dead-lettered by the broker), a non-JSON body and a body
  * without deadline (neither with a message_id) */
 #define N_CONSUMER_PARKED (N_GHOSTS + 4)
