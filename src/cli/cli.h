@@ -33,6 +33,7 @@ int cmd_demo(cli_t *cli, int argc, char **argv);
 int cmd_pending(cli_t *cli, int argc, char **argv);
 int cmd_sweep(cli_t *cli, int argc, char **argv);
 int cmd_reconcile(cli_t *cli, int argc, char **argv);
+int cmd_parked(cli_t *cli, int argc, char **argv);
 
 /** Map a status to the exit codes of DESIGN.md. */
 int cli_exit_code(lapse_status_t rc);

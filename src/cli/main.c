@@ -21,6 +21,8 @@ static const char usage[] =
     "                             cancel lost orders, publish unconfirmed ones again\n"
     "  reconcile [--dry-run]      publish every pending order again (new broker)\n"
     "  topology declare|export\n"
+    "  parked list [--json] [--limit N]\n"
+    "  parked replay --all|ORDER_ID   send parked messages back to the expired queue\n"
     "  demo                       a short end-to-end run against the broker\n"
     "\n"
     "global options (each beats its environment variable):\n"
@@ -45,6 +47,7 @@ static const struct {
     {"publish", cmd_publish}, {"pay", cmd_pay},           {"consume", cmd_consume},
     {"status", cmd_status},   {"topology", cmd_topology}, {"demo", cmd_demo},
     {"pending", cmd_pending}, {"sweep", cmd_sweep},       {"reconcile", cmd_reconcile},
+    {"parked", cmd_parked},
 };
 
 static const struct {

@@ -1,0 +1,218 @@
+/* SPDX-License-Identifier: MIT
+ * lapse parked list|replay: look at parked messages, send them back once fixed. */
+#include "cli.h"
+
+#include <lapse/parked.h>
+
+#include <errno.h>
+#include <getopt.h>
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define LIMIT_MAX 1000000
+
+static const char usage[] =
+    "usage: lapse parked list [--json] [--limit N]\n"
+    "       lapse parked replay (--all | ORDER_ID)\n"
+    "  list    each parked message, oldest first: order id, reason, attempts, when it\n"
+    "          was parked; the queue is left as it was\n"
+    "  replay  move parked messages back to <prefix>.expired (all, or those of one\n"
+    "          order); exit 4 when no parked message names ORDER_ID\n";
+
+static const char list_usage[] =
+    "usage: lapse parked list [--json] [--limit N]\n"
+    "  Show the parked messages, oldest first, without removing or reordering them.\n"
+    "  --json      {\"messages\":[{\"order_id\":..,\"message_id\":..|null,\"reason\":..|"
+    "null,\n"
+    "              \"attempts\":N,\"parked_at_ms\":N|null,\"body_bytes\":N}],"
+    "\"listed\":N,\"more\":N}\n"
+    "  --limit N   list at most N messages (default 1000); the rest is counted as more\n"
+    "  The order id is the message_id, else the body's order_id, else '-'. attempts is\n"
+    "  1 unless the message failed repeatedly before it was parked.\n";
+
+static const char replay_usage[] =
+    "usage: lapse parked replay (--all | ORDER_ID)\n"
+    "  Publish parked messages back to the expired exchange (routing key\n"
+    "  order.expired; persistent, confirmed) without the parking headers, and remove\n"
+    "  each parked copy once the broker confirmed it. A replayed message is processed\n"
+    "  like any other: a pending order past its deadline is cancelled, an unknown order\n"
+    "  is parked again. Messages not replayed stay in place.\n"
+    "  --all       every message parked when the command starts\n"
+    "  ORDER_ID    the messages whose message_id or body order_id is ORDER_ID\n"
+    "              (exit 4 when there is none)\n";
+
+typedef struct listing {
+    json_t *messages; /* --json: the array being built; NULL for text */
+    size_t listed;
+} listing_t;
+
+static void print_text(const lapse_parked_msg_t *m) {
+    char when[LAPSE_RFC3339_LEN] = "-";
+    if (m->parked_at_ms >= 0) {
+        lapse_time_format_rfc3339(m->parked_at_ms, when);
+    }
+    printf("%-24s %8lld  %-24s  %s\n", when, (long long)m->attempts, m->order_id,
+           m->reason[0] ? m->reason : "-");
+}
+
+static void on_listed(void *opaque, const lapse_parked_msg_t *m) {
+    listing_t *l = opaque;
+    if (l->listed++ == 0 && !l->messages) {
+        printf("%-24s %8s  %-24s  %s\n", "parked at", "attempts", "order id", "reason");
+    }
+    if (!l->messages) {
+        print_text(m);
+        return;
+    }
+    json_t *o =
+        json_pack("{s:s, s:o, s:o, s:I, s:o, s:I}", "order_id", m->order_id, "message_id",
+                  m->message_id[0] ? json_string(m->message_id) : json_null(), "reason",
+                  m->reason[0] ? json_string(m->reason) : json_null(), "attempts",
+                  (json_int_t)m->attempts, "parked_at_ms",
+                  m->parked_at_ms >= 0 ? json_integer(m->parked_at_ms) : json_null(),
+                  "body_bytes", (json_int_t)m->body_len);
+    json_array_append_new(l->messages, o);
+}
+
+static int parse_limit(const char *text, size_t *out) {
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(text, &end, 10);
+    if (errno || end == text || *end || text[0] == '-' || v == 0 || v > LIMIT_MAX) {
+        return -1;
+    }
+    *out = (size_t)v;
+    return 0;
+}
+
+static int cmd_list(cli_t *cli, int argc, char **argv) {
+    static const struct option opts[] = {{"json", no_argument, NULL, 'j'},
+                                         {"limit", required_argument, NULL, 'l'},
+                                         {"help", no_argument, NULL, 'h'},
+                                         {NULL, 0, NULL, 0}};
+    bool as_json = false;
+    size_t limit = LAPSE_PARKED_LIST_LIMIT;
+    int opt;
+    opterr = 0;
+    optind = 1;
+    while ((opt = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
+        switch (opt) {
+            case 'h':
+                fputs(list_usage, stdout);
+                return CLI_EXIT_OK;
+            case 'j':
+                as_json = true;
+                break;
+            case 'l':
+                if (parse_limit(optarg, &limit) != 0) {
+                    return cli_usage_error(
+                        "parked list", "--limit wants a number from 1 to %d, not '%s'",
+                        LIMIT_MAX, optarg);
+                }
+                break;
+            case ':':
+                return cli_usage_error("parked list", "option '%s' needs a value",
+                                       argv[optind - 1]);
+            default:
+                return cli_usage_error("parked list", "unknown option '%s'",
+                                       argv[optind - 1]);
+        }
+    }
+    if (optind < argc) {
+        return cli_usage_error("parked list", "unexpected argument '%s'", argv[optind]);
+    }
+    listing_t l = {.messages = as_json ? json_array() : NULL};
+    size_t more = 0;
+    lapse_error_t err = {0};
+    lapse_status_t rc = lapse_parked_list(cli->cfg, limit, on_listed, &l, &more, &err);
+    if (rc != LAPSE_OK) {
+        json_decref(l.messages);
+        int code = cli_fail(rc, &err, "parked list");
+        return code == CLI_EXIT_USAGE ? CLI_EXIT_FAILED : code;
+    }
+    if (as_json) {
+        json_t *root = json_pack("{s:o, s:I, s:I}", "messages", l.messages, "listed",
+                                 (json_int_t)l.listed, "more", (json_int_t)more);
+        char *text = root ? json_dumps(root, JSON_COMPACT) : NULL;
+        json_decref(root);
+        if (!text) {
+            fprintf(stderr, "lapse parked list: out of memory\n");
+            return CLI_EXIT_FAILED;
+        }
+        puts(text);
+        free(text);
+    } else if (l.listed == 0) {
+        printf("no parked messages\n");
+    } else if (more > 0) {
+        printf("\n%zu parked messages listed, %zu more not listed (--limit %zu)\n",
+               l.listed, more, limit);
+    } else {
+        printf("\n%zu parked message%s\n", l.listed, l.listed == 1 ? "" : "s");
+    }
+    return CLI_EXIT_OK;
+}
+
+static int cmd_replay(cli_t *cli, int argc, char **argv) {
+    static const struct option opts[] = {{"all", no_argument, NULL, 'a'},
+                                         {"help", no_argument, NULL, 'h'},
+                                         {NULL, 0, NULL, 0}};
+    bool all = false;
+    int opt;
+    opterr = 0;
+    optind = 1;
+    while ((opt = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        if (opt == 'h') {
+            fputs(replay_usage, stdout);
+            return CLI_EXIT_OK;
+        }
+        if (opt != 'a') {
+            return cli_usage_error("parked replay", "unknown option '%s'",
+                                   argv[optind - 1]);
+        }
+        all = true;
+    }
+    int n_ids = argc - optind;
+    if (all == (n_ids > 0) || n_ids > 1) {
+        return cli_usage_error("parked replay", "expected either --all or one ORDER_ID");
+    }
+    const char *order_id = all ? NULL : argv[optind];
+    size_t replayed = 0;
+    lapse_error_t err = {0};
+    lapse_status_t rc =
+        lapse_parked_replay(cli->cfg, order_id, NULL, NULL, &replayed, &err);
+    if (rc == LAPSE_ERR_INVALID) {
+        return cli_usage_error("parked replay", "%s", err.text);
+    }
+    if (rc == LAPSE_OK && order_id && replayed == 0) {
+        fprintf(stderr, "lapse parked replay: no parked message for order '%s'\n",
+                order_id);
+        return CLI_EXIT_NOT_FOUND;
+    }
+    if (rc == LAPSE_OK || replayed > 0) {
+        printf("replayed %zu parked message%s to %s.expired\n", replayed,
+               replayed == 1 ? "" : "s", lapse_config_get(cli->cfg, "prefix"));
+    }
+    if (rc != LAPSE_OK) {
+        int code = cli_fail(rc, &err, "parked replay");
+        return code == CLI_EXIT_USAGE ? CLI_EXIT_FAILED : code;
+    }
+    return CLI_EXIT_OK;
+}
+
+int cmd_parked(cli_t *cli, int argc, char **argv) {
+    if (argc < 2) {
+        return cli_usage_error("parked", "expected 'list' or 'replay'");
+    }
+    if (strcmp(argv[1], "list") == 0) {
+        return cmd_list(cli, argc - 1, argv + 1);
+    }
+    if (strcmp(argv[1], "replay") == 0) {
+        return cmd_replay(cli, argc - 1, argv + 1);
+    }
+    if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
+        fputs(usage, stdout);
+        return CLI_EXIT_OK;
+    }
+    return cli_usage_error("parked", "unknown action '%s'", argv[1]);
+}
