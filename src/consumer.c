@@ -162,8 +162,8 @@ static int attempts_of(const amqp_basic_properties_t *props) {
     }
     for (int i = 0; i < props->headers.num_entries; i++) {
         const amqp_table_entry_t *h = &props->headers.entries[i];
-        if (h->key.len == strlen(LAPSE__HDR_ATTEMPTS) &&
-            memcmp(h->key.bytes, LAPSE__HDR_ATTEMPTS, h->key.len) == 0) {
+        if (h->key.len == strlen(LAPSE_HDR_ATTEMPTS) &&
+            memcmp(h->key.bytes, LAPSE_HDR_ATTEMPTS, h->key.len) == 0) {
             int64_t v = h->value.kind == AMQP_FIELD_KIND_I64   ? h->value.value.i64
                         : h->value.kind == AMQP_FIELD_KIND_I32 ? h->value.value.i32
                         : h->value.kind == AMQP_FIELD_KIND_U8  ? h->value.value.u8

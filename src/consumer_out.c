@@ -30,8 +30,8 @@ void lapse__consumer_sanitize(char *text) {
 
 /* Headers lapse sets when parking; a replayed and re-parked message gets fresh ones. */
 static bool is_own_header(amqp_bytes_t key) {
-    static const char *const own[] = {LAPSE_HDR_REASON, "x-lapse-parked-at-ms",
-                                      LAPSE__HDR_ATTEMPTS};
+    static const char *const own[] = {LAPSE_HDR_REASON, LAPSE_HDR_PARKED_AT,
+                                      LAPSE_HDR_ATTEMPTS};
     for (size_t i = 0; i < sizeof own / sizeof own[0]; i++) {
         if (key.len == strlen(own[i]) && memcmp(key.bytes, own[i], key.len) == 0) {
             return true;
@@ -56,9 +56,9 @@ static lapse_status_t park(lapse_consumer_t *c, delivery_t *d, lapse_error_t *er
         }
     }
     entries[n++] = lapse__entry_str(LAPSE_HDR_REASON, d->reason);
-    entries[n++] = lapse__entry_i64("x-lapse-parked-at-ms", lapse_clock_now_ms());
+    entries[n++] = lapse__entry_i64(LAPSE_HDR_PARKED_AT, lapse_clock_now_ms());
     if (d->attempts > 0) {
-        entries[n++] = lapse__entry_i64(LAPSE__HDR_ATTEMPTS, d->attempts);
+        entries[n++] = lapse__entry_i64(LAPSE_HDR_ATTEMPTS, d->attempts);
     }
     props.headers.num_entries = n;
     props.headers.entries = entries;

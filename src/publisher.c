@@ -56,7 +56,7 @@ lapse_status_t lapse__publish_expiry(lapse__broker_t *broker, const char *exchan
     }
     amqp_table_entry_t headers[2] = {
         lapse__entry_i64(LAPSE_HDR_DEADLINE, msg->deadline_ms),
-        lapse__entry_i64(LAPSE__HDR_ATTEMPTS, attempts)};
+        lapse__entry_i64(LAPSE_HDR_ATTEMPTS, attempts)};
     amqp_basic_properties_t props;
     memset(&props, 0, sizeof props);
     props._flags = AMQP_BASIC_CONTENT_TYPE_FLAG | AMQP_BASIC_DELIVERY_MODE_FLAG |

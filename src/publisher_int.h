@@ -8,8 +8,6 @@
 
 #include <lapse/message.h>
 
-#define LAPSE__HDR_ATTEMPTS "x-lapse-attempts"
-
 /**
  * Publish msg as the version-1 expiry message (persistent, mandatory, properties and
  * header of DESIGN.md) to exchange/routing_key, with header x-lapse-attempts when

@@ -11,7 +11,9 @@
 #define LAPSE_MSG_TYPE        "order.expire"
 #define LAPSE_APP_ID          "lapse"
 #define LAPSE_HDR_DEADLINE    "x-lapse-deadline-ms"
-#define LAPSE_HDR_REASON      "x-lapse-reason"
+#define LAPSE_HDR_REASON      "x-lapse-reason"       /* why a message was parked */
+#define LAPSE_HDR_PARKED_AT   "x-lapse-parked-at-ms" /* when (ms since the epoch) */
+#define LAPSE_HDR_ATTEMPTS    "x-lapse-attempts"     /* failed processing attempts */
 #define LAPSE_EVENT_CANCELLED "order.cancelled"
 
 /** A decoded expiry message: a plain value, no pointers, nothing to free. */

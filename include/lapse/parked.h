@@ -8,11 +8,6 @@
 
 #define LAPSE_PARKED_REASON_MAX 256  /* reason text kept, NUL included */
 #define LAPSE_PARKED_LIST_LIMIT 1000 /* the CLI's default --limit */
-#define LAPSE_HDR_PARKED_AT     "x-lapse-parked-at-ms"
-/* Failed processing attempts, set by the retry path when it gives up. */
-#ifndef LAPSE_HDR_ATTEMPTS
-#define LAPSE_HDR_ATTEMPTS "x-lapse-attempts"
-#endif
 
 /** One parked message as read from the parked queue: a plain value, nothing to free. */
 typedef struct lapse_parked_msg {
