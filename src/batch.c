@@ -64,7 +64,21 @@ lapse_status_t lapse_batch_line_parse(const char *line, size_t len, int64_t now_
             return fail(out, root, LAPSE_ERR_CONFIG_DURATION, err,
                         "\"timeout\" must be a duration such as \"30m\"");
         }
+        /* The deadline must be a time an expiry message can carry (up to year 9999);
+         * check for overflow first, then that its spelling parses back to it. */
+        char spelled[LAPSE_RFC3339_LEN];
+        int64_t check;
+        if (now_ms > INT64_MAX - out->timeout_ms) {
+            return fail(out, root, LAPSE_ERR_CONFIG_DURATION, err,
+                        "\"timeout\" puts the deadline past 9999-12-31");
+        }
         out->deadline_ms = now_ms + out->timeout_ms;
+        lapse_time_format_rfc3339(out->deadline_ms, spelled);
+        if (lapse_time_parse_rfc3339(spelled, &check) != LAPSE_OK ||
+            check != out->deadline_ms) {
+            return fail(out, root, LAPSE_ERR_CONFIG_DURATION, err,
+                        "\"timeout\" puts the deadline past 9999-12-31");
+        }
     } else if (!json_is_string(deadline) ||
                lapse_time_parse_rfc3339(json_string_value(deadline), &out->deadline_ms) !=
                    LAPSE_OK) {

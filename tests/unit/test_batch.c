@@ -83,6 +83,12 @@ static const struct {
      "unknown field"},
     {"{\"order_id\":\"o\",\"order_id\":\"p\",\"timeout\":\"30m\"}", LAPSE_ERR_MSG_JSON,
      ""},
+    /* Found by tests/fuzz/fuzz_batch: a timeout that puts the deadline past year 9999,
+     * which no expiry message can carry, and one that overflowed now + timeout. */
+    {"{\"order_id\":\"o\",\"timeout\":\"2111111111111111s\"}", LAPSE_ERR_CONFIG_DURATION,
+     "timeout"},
+    {"{\"order_id\":\"o\",\"timeout\":\"9223372036854775807ms\"}",
+     LAPSE_ERR_CONFIG_DURATION, "timeout"},
 };
 
 static void test_bad_lines_are_refused_with_a_reason(void **state) {
