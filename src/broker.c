@@ -288,6 +288,11 @@ lapse_status_t lapse__broker_poll(lapse__broker_t *broker, int64_t timeout_ms,
     for (int i = 0; i < 64 && got && rc == LAPSE_OK; i++) {
         rc = pump(broker, i == 0 ? timeout_ms : 0, &got, err);
     }
+    if (broker->open) {
+        /* Decoded frames stay in rabbitmq-c's pools until released: without this a
+         * connection that only publishes grows with every confirm it reads. */
+        amqp_maybe_release_buffers(broker->conn);
+    }
     return rc;
 }
 
@@ -318,6 +323,7 @@ lapse_status_t lapse__broker_wait_confirms(lapse__broker_t *broker, int64_t time
             waited += step;
         }
     }
+    amqp_maybe_release_buffers(broker->conn); /* see lapse__broker_poll */
     return LAPSE_OK;
 }
 

@@ -23,9 +23,10 @@ lapse_consumer_t *lapse_consumer_new(const lapse_config_t *cfg, lapse_store_t *s
     c->items = calloc(c->cap, sizeof *c->items);
     c->item_of = calloc(c->cap, sizeof *c->item_of);
     c->item_failed = calloc(c->cap, sizeof *c->item_failed);
-    c->seqs = calloc(c->cap > CONSUMER_EVENTS_CHUNK ? c->cap : CONSUMER_EVENTS_CHUNK,
-                     sizeof *c->seqs);
-    if (!c->batch || !c->items || !c->item_of || !c->item_failed || !c->seqs) {
+    c->seqs = calloc(CONSUMER_EVENTS_CHUNK + c->cap, sizeof *c->seqs);
+    c->owed = calloc(CONSUMER_EVENTS_CHUNK + c->cap, sizeof *c->owed);
+    if (!c->batch || !c->items || !c->item_of || !c->item_failed || !c->seqs ||
+        !c->owed) {
         lapse_consumer_free(c);
         *rc = lapse_error_set(err, LAPSE_ERR_NOMEM, "consumer batch");
         return NULL;
@@ -68,6 +69,7 @@ void lapse_consumer_free(lapse_consumer_t *c) {
     free(c->item_of);
     free(c->item_failed);
     free(c->seqs);
+    free(c->owed);
     free(c);
 }
 
@@ -122,6 +124,12 @@ static lapse_status_t collect(lapse_consumer_t *c, lapse_error_t *err) {
     int64_t started = 0;
     while (c->n < c->cap) {
         int64_t wait_ms = CONSUMER_IDLE_WAIT_MS;
+        if (c->n == 0 && c->n_owed > 0) { /* owed events must not wait for traffic */
+            wait_ms = c->owed_since + CONSUMER_EVENTS_DELAY_MS - lapse_clock_now_ms();
+            if (wait_ms <= 0) {
+                break;
+            }
+        }
         if (c->n > 0) {
             wait_ms = CONSUMER_BATCH_WINDOW_MS - (lapse_clock_now_ms() - started);
             if (wait_ms <= 0) {
@@ -131,15 +139,22 @@ static lapse_status_t collect(lapse_consumer_t *c, lapse_error_t *err) {
         struct timeval tv = {.tv_sec = wait_ms / 1000,
                              .tv_usec = (suseconds_t)((wait_ms % 1000) * 1000)};
         delivery_t *d = &c->batch[c->n];
+        int64_t before = lapse_clock_now_ms();
         amqp_rpc_reply_t r = amqp_consume_message(c->in.conn, &d->env, &tv, 0);
         if (r.reply_type == AMQP_RESPONSE_NORMAL) {
             if (c->n++ == 0) {
                 started = lapse_clock_now_ms();
+                /* Waited for: the queue was empty, so the broker dead-lettered it just
+                 * now, and its x-death time is a fair clock sample (see effective_now).
+                 */
+                c->first_fresh = c->drained && started - before >= CONSUMER_FRESH_WAIT_MS;
             }
             continue;
         }
         if (r.reply_type == AMQP_RESPONSE_LIBRARY_EXCEPTION &&
             r.library_error == AMQP_STATUS_TIMEOUT) {
+            /* Nothing came in a whole idle wait: the queue is empty. */
+            c->drained |= c->n == 0 && wait_ms == CONSUMER_IDLE_WAIT_MS;
             break;
         }
         if (r.reply_type == AMQP_RESPONSE_LIBRARY_EXCEPTION &&
@@ -211,7 +226,9 @@ static int64_t dead_lettered_at_ms(const amqp_basic_properties_t *props) {
  * broker dead-lettered at broker time T (x-death) is received at broker time >= T, so
  * local_now - T bounds from above how far the local clock is ahead. The smallest such
  * sample of the last minute or two is the bound; once it exceeds the resolution of T,
- * "now" is taken as local_now - bound, which is never later than the broker's now. */
+ * "now" is taken as local_now - bound, which is never later than the broker's now.
+ * Only a delivery the consumer was waiting for is sampled: one that waited in a backlog
+ * would add its wait to the bound and make on-time messages look early. */
 static int64_t effective_now(lapse_consumer_t *c, int64_t local_now) {
     skew_t *s = &c->skew;
     if (local_now - s->bucket_at >= CONSUMER_SKEW_BUCKET_MS) {
@@ -224,7 +241,7 @@ static int64_t effective_now(lapse_consumer_t *c, int64_t local_now) {
         int64_t at = dead_lettered_at_ms(&d->env.message.properties);
         d->undated = at < 0;
         d->attempts = attempts_of(&d->env.message.properties);
-        if (at >= 0 && local_now - at < s->current) {
+        if (i == 0 && c->first_fresh && at >= 0 && local_now - at < s->current) {
             s->current = local_now - at;
         }
     }
@@ -424,12 +441,13 @@ static lapse_status_t process(lapse_consumer_t *c, const volatile sig_atomic_t *
         return lapse_error_set(err, LAPSE_ERR_BROKER_CLOSED, "ack: %s",
                                amqp_error_string2(st));
     }
-    if (c->n_seqs > 0) {
-        int64_t seqs[c->n_seqs];
-        size_t n_seqs = c->n_seqs;
-        memcpy(seqs, c->seqs, n_seqs * sizeof *seqs);
-        lapse__consumer_events(c, seqs, n_seqs, n_seqs);
+    /* This batch's events go out with the next ones, within CONSUMER_EVENTS_DELAY_MS:
+     * one confirmed publish round and one store write for several batches. */
+    if (c->n_seqs > 0 && c->n_owed == 0) {
+        c->owed_since = lapse_clock_now_ms();
     }
+    memcpy(c->owed + c->n_owed, c->seqs, c->n_seqs * sizeof *c->owed);
+    c->n_owed += c->n_seqs;
     return LAPSE_OK;
 }
 
@@ -457,6 +475,7 @@ static lapse_status_t connect_all(lapse_consumer_t *c, lapse_error_t *err) {
 static lapse_status_t session(lapse_consumer_t *c, const volatile sig_atomic_t *stop,
                               bool *progress, lapse_error_t *err) {
     lapse_status_t rc = connect_all(c, err);
+    c->drained = false; /* a fresh subscription may start on a backlog */
     if (rc == LAPSE_OK) {
         lapse__log(c->cfg, LAPSE_LOG_INFO, "event=consuming queue=%s prefetch=%d",
                    c->topo.expired_queue, c->cfg->prefetch);
@@ -475,6 +494,7 @@ static lapse_status_t session(lapse_consumer_t *c, const volatile sig_atomic_t *
         drop_batch(c);
     }
     drop_batch(c);
+    lapse__consumer_events_owed(c, true);
     lapse__broker_close(&c->in);
     lapse__broker_close(&c->out);
     c->out_failure = LAPSE_OK;

@@ -17,7 +17,9 @@
 #define CONSUMER_IDLE_WAIT_MS    500
 #define CONSUMER_CONFIRM_WAIT_MS 30000
 /* Outbox rows published in one go, and how often the outbox is looked at. */
-#define CONSUMER_EVENTS_CHUNK     1000
+#define CONSUMER_EVENTS_CHUNK 1000
+/* How long a cancellation's event may wait for those of the next batches. */
+#define CONSUMER_EVENTS_DELAY_MS  50
 #define CONSUMER_BACKLOG_EVERY_MS 5000
 /* Orders one sweep call handles per part before deliveries get their turn again. */
 #define CONSUMER_SWEEP_CHUNK 1000
@@ -30,6 +32,8 @@
  * consumer's clock runs ahead of the broker's is only used when it exceeds that plus a
  * margin for delivery latency (otherwise an on-time message would look early). */
 #define CONSUMER_SKEW_TOLERANCE_MS 1250
+/* A first delivery that took this long to arrive found the queue empty. */
+#define CONSUMER_FRESH_WAIT_MS 2
 /* Skew samples are kept for one to two of these, so that a clock step is noticed. */
 #define CONSUMER_SKEW_BUCKET_MS 60000
 
@@ -68,6 +72,9 @@ struct lapse_consumer {
     bool *item_failed; /* the store could not settle items[k]: retry path */
     int64_t *seqs;
     size_t n_seqs;
+    int64_t *owed; /* outbox seqs of this consumer's cancellations not yet published */
+    size_t n_owed;
+    int64_t owed_since;
     lapse_status_t out_failure; /* first failed confirm since the last check */
     lapse_error_t event_error;  /* why the last event publish failed */
     int64_t out_retry_at;       /* when to reopen a failed publishing connection */
@@ -75,6 +82,8 @@ struct lapse_consumer {
     int64_t backlog_at;    /* next look at the outbox */
     int64_t out_polled_at; /* last heartbeat service of the publishing connection */
     int64_t sweep_at;      /* next sweep (0: at start) */
+    bool drained;          /* this session saw the queue empty */
+    bool first_fresh;      /* the batch's first delivery was waited for (queue empty) */
     skew_t skew;
     int64_t skew_logged; /* last bound logged, to log changes only */
     lapse_consumer_stats_t stats;
@@ -94,6 +103,10 @@ lapse_status_t lapse__consumer_forward(lapse_consumer_t *c, int64_t now,
  *  must not alias c->seqs), at most limit. Failures are logged and left in the outbox. */
 void lapse__consumer_events(lapse_consumer_t *c, const int64_t *only, size_t n_only,
                             size_t limit);
+
+/** Publish the owed events when CONSUMER_EVENTS_CHUNK of them wait, or the oldest has
+ *  waited CONSUMER_EVENTS_DELAY_MS, or now. A failure leaves them to the backlog. */
+void lapse__consumer_events_owed(lapse_consumer_t *c, bool now);
 
 /** Heartbeats of the publishing connection, the outbox backlog and the sweep, now and
  *  then. */

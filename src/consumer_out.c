@@ -266,6 +266,17 @@ void lapse__consumer_events(lapse_consumer_t *c, const int64_t *only, size_t n_o
     }
 }
 
+void lapse__consumer_events_owed(lapse_consumer_t *c, bool now) {
+    if (c->n_owed == 0 ||
+        (!now && c->n_owed < CONSUMER_EVENTS_CHUNK &&
+         lapse_clock_now_ms() - c->owed_since < CONSUMER_EVENTS_DELAY_MS)) {
+        return;
+    }
+    size_t n = c->n_owed;
+    c->n_owed = 0;
+    lapse__consumer_events(c, c->owed, n, n);
+}
+
 /* The safety net under the broker path (see sweep.h): orders never confirmed are
  * published again, orders still pending a grace period after their deadline are
  * cancelled directly. Bounded per call so that deliveries are not held up; called again
@@ -308,6 +319,7 @@ void lapse__consumer_housekeeping(lapse_consumer_t *c) {
             out_failed(c, rc, &err, "out_connection_lost");
         }
     }
+    lapse__consumer_events_owed(c, false);
     if (now >= c->backlog_at) {
         c->backlog_at = now + CONSUMER_BACKLOG_EVERY_MS;
         lapse__consumer_events(c, NULL, 0, CONSUMER_EVENTS_CHUNK);
