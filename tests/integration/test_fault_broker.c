@@ -28,7 +28,7 @@
 #define ORDERS     1000
 #define CLASS      "6s"
 #define CLASS_MS   6000
-#define KILL_AFTER 150 /* cancelled orders before the kill: the consumer is busy */
+#define KILL_AFTER 60 /* cancelled orders before the kill: the consumer is busy */
 #define DOWN_MS    5000
 
 static bool quorum;
@@ -63,8 +63,9 @@ static int64_t write_orders(h_ctx_t *h) {
             int64_t deadline = now + 4000 + (int64_t)i * 6000 / ORDERS;
             char when[LAPSE_RFC3339_LEN];
             lapse_time_format_rfc3339(deadline, when);
-            fprintf(f, "{\"order_id\":\"ord-%d\",\"deadline\":\"%s\",\"holds\":[\"r-%d\"]}\n",
-                    i, when, i);
+            fprintf(
+                f, "{\"order_id\":\"ord-%d\",\"deadline\":\"%s\",\"holds\":[\"r-%d\"]}\n",
+                i, when, i);
             last = deadline > last ? deadline : last;
         }
     }
@@ -99,18 +100,18 @@ static void test_broker_killed_while_orders_are_held(void **state) {
                                  " WHERE status='cancelled'",
                                  KILL_AFTER);
     assert_int_equal(at_kill, KILL_AFTER);
-    at_kill = h_sql_int(&h, "SELECT count(*) FROM orders WHERE status='cancelled'");
     int64_t held = h_topology_depth(&h, conn);
     /* The connection dies with the node; it is opened again after the restart. */
     amqp_destroy_connection(conn);
     int64_t t_kill = h_now_ms();
     int kill_rc = h_node(&h, "kill");
+    at_kill = h_sql_int(&h, "SELECT count(*) FROM orders WHERE status='cancelled'");
     usleep(DOWN_MS * 1000);
     int restart_rc = h_node(&h, "restart");
     int64_t t_up = h_now_ms();
     fprintf(stderr,
-            "node killed with %lld of %lld unpaid cancelled, %lld ready in the topology; "
-            "down %lld ms\n",
+            "node killed with %lld of %lld unpaid cancelled, %lld ready in the topology "
+            "just before; down %lld ms\n",
             (long long)at_kill, (long long)unpaid, (long long)held,
             (long long)(t_up - t_kill));
     assert_int_equal(kill_rc, 0);
@@ -153,7 +154,8 @@ static void test_broker_killed_while_orders_are_held(void **state) {
         bool seen_reconnect = false;
         while (getline(&line, &cap, f) >= 0) {
             seen_reconnect |= strstr(line, "event=reconnect") != NULL;
-            after_restart += seen_reconnect && strstr(line, "decision=cancelled ") != NULL;
+            after_restart +=
+                seen_reconnect && strstr(line, "decision=cancelled ") != NULL;
         }
         free(line);
         fclose(f);

@@ -6,8 +6,8 @@
 
 #include <amqp_tcp_socket.h>
 #include <errno.h>
-#include <pthread.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdarg.h>
@@ -521,7 +521,8 @@ static void *watch_main(void *arg) {
         char ids[64][64];
         int n = 0;
         while (sqlite3_step(st) == SQLITE_ROW && n < 64) {
-            snprintf(ids[n], sizeof ids[n], "%s", (const char *)sqlite3_column_text(st, 0));
+            snprintf(ids[n], sizeof ids[n], "%s",
+                     (const char *)sqlite3_column_text(st, 0));
             deadlines[n++] = sqlite3_column_int64(st, 1);
         }
         sqlite3_reset(st);
@@ -566,7 +567,8 @@ static int64_t doubled_in_logs(h_ctx_t *h, const char *const *logs) {
         char *line = NULL;
         size_t lcap = 0;
         while (getline(&line, &lcap, f) >= 0) {
-            if (!strstr(line, "decision=cancelled ") && !strstr(line, "event=sweep_cancel ")) {
+            if (!strstr(line, "decision=cancelled ") &&
+                !strstr(line, "event=sweep_cancel ")) {
                 continue;
             }
             const char *p = strstr(line, "order_id=");
@@ -587,7 +589,8 @@ static int64_t doubled_in_logs(h_ctx_t *h, const char *const *logs) {
     qsort(ids, n, sizeof *ids, cmp_str);
     int64_t doubled = 0;
     for (size_t i = 1; i < n; i++) {
-        if (strcmp(ids[i], ids[i - 1]) == 0 && (i < 2 || strcmp(ids[i - 1], ids[i - 2]) != 0)) {
+        if (strcmp(ids[i], ids[i - 1]) == 0 &&
+            (i < 2 || strcmp(ids[i - 1], ids[i - 2]) != 0)) {
             fprintf(stderr, "laws: %s cancelled more than once in the logs\n", ids[i]);
             doubled++;
         }
@@ -621,29 +624,31 @@ void h_check_laws(h_ctx_t *h, const char *const *logs, h_watch_t *w, h_laws_t *o
                               " (cancelled_at_ms IS NOT NULL OR paid_at_ms >= deadline_ms"
                               " OR EXISTS (SELECT 1 FROM events e"
                               " WHERE e.order_id=o.order_id))");
-    out->early = watched_early + h_sql_int(h, "SELECT count(*) FROM orders WHERE "
-                                              "status='cancelled' AND (cancelled_at_ms IS "
-                                              "NULL OR cancelled_at_ms < deadline_ms)");
+    out->early =
+        watched_early + h_sql_int(h, "SELECT count(*) FROM orders WHERE "
+                                     "status='cancelled' AND (cancelled_at_ms IS "
+                                     "NULL OR cancelled_at_ms < deadline_ms)");
     out->doubled =
         h_sql_int(h, "SELECT count(*) FROM (SELECT order_id FROM events GROUP BY order_id"
                      " HAVING count(*) > 1)");
     int64_t in_logs = doubled_in_logs(h, logs);
     out->doubled = in_logs > out->doubled ? in_logs : out->doubled;
-    out->no_event = h_sql_int(h, "SELECT count(*) FROM orders o WHERE status='cancelled'"
-                                 " AND (SELECT count(*) FROM events e"
-                                 " WHERE e.order_id=o.order_id) != 1") +
-                    h_sql_int(h, "SELECT count(*) FROM events WHERE order_id NOT IN"
-                                 " (SELECT order_id FROM orders WHERE status='cancelled')");
+    out->no_event =
+        h_sql_int(h, "SELECT count(*) FROM orders o WHERE status='cancelled'"
+                     " AND (SELECT count(*) FROM events e"
+                     " WHERE e.order_id=o.order_id) != 1") +
+        h_sql_int(h, "SELECT count(*) FROM events WHERE order_id NOT IN"
+                     " (SELECT order_id FROM orders WHERE status='cancelled')");
     out->holds_wrong = h_sql_int(h, "SELECT count(*) FROM holds h JOIN orders o USING"
                                     " (order_id) WHERE (h.released_at_ms IS NOT NULL) !="
                                     " (o.status = 'cancelled') OR (o.status = 'cancelled'"
                                     " AND h.released_at_ms != o.cancelled_at_ms)");
     out->unpublished =
         h_sql_int(h, "SELECT count(*) FROM events WHERE published_at_ms IS NULL");
-    out->max_lag_ms =
-        out->cancelled ? h_sql_int(h, "SELECT max(cancelled_at_ms - deadline_ms) FROM "
-                                      "orders WHERE status='cancelled'")
-                       : -1;
+    out->max_lag_ms = out->cancelled
+                          ? h_sql_int(h, "SELECT max(cancelled_at_ms - deadline_ms) FROM "
+                                         "orders WHERE status='cancelled'")
+                          : -1;
 }
 
 void h_print_matrix(const char *row, const h_laws_t *l, const char *extra) {
@@ -659,7 +664,6 @@ void h_print_matrix(const char *row, const h_laws_t *l, const char *extra) {
              (long long)l->watch_polls, extra ? " " : "", extra ? extra : "");
     printf("%s\n", line);
     fflush(stdout);
-    fprintf(stderr, "%s\n", line);
 }
 
 typedef struct tap_ids {
@@ -680,7 +684,8 @@ static void collect_event(void *opaque, const h_msg_t *m) {
     t->ids[t->n++] = strdup(m->message_id + strlen(pfx));
 }
 
-size_t h_tap_event_orders(amqp_connection_state_t conn, const char *queue, size_t *total) {
+size_t h_tap_event_orders(amqp_connection_state_t conn, const char *queue,
+                          size_t *total) {
     tap_ids_t t = {0};
     *total = h_drain(conn, queue, 500, collect_event, &t);
     qsort(t.ids, t.n, sizeof *t.ids, cmp_str);

@@ -127,7 +127,7 @@ h_watch_t *h_watch_start(h_ctx_t *h);
  * NULL). */
 void h_check_laws(h_ctx_t *h, const char *const *logs, h_watch_t *w, h_laws_t *out);
 /* Print "matrix <row> orders=N lost=N doubled=N early=N max_lag_ms=N" and the details
- * to stdout and stderr. */
+ * to stdout. */
 void h_print_matrix(const char *row, const h_laws_t *laws, const char *extra);
 /* For tests (cmocka included before this header): every law holds. */
 #define H_ASSERT_LAWS(l)                                                                 \
