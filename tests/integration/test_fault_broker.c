@@ -73,12 +73,32 @@ static int64_t write_orders(h_ctx_t *h) {
     return last;
 }
 
+/* The management API's word on the type of <prefix>.<suffix>. */
+static bool queue_is(h_ctx_t *h, const char *suffix, const char *type) {
+    const char *mgmt = getenv("LAPSE_TEST_MGMT_URL");
+    assert_non_null(mgmt);
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd,
+             "curl -sf --max-time 10 -u guest:guest '%s/api/queues/%%2f/%s.%s' >'%s'",
+             mgmt, h->prefix, suffix, h_path(h, "queue.json"));
+    if (system(cmd) != 0) {
+        return false;
+    }
+    char want[64];
+    snprintf(want, sizeof want, "\"type\":\"%s\"", type);
+    return h_count_lines(h, "queue.json", want) == 1;
+}
+
 static void test_broker_killed_while_orders_are_held(void **state) {
     (void)state;
     const char *row = quorum ? "g" : "a";
     h_ctx_t h;
     h_setup(&h, quorum ? "fault-g" : "fault-a", CLASS, true);
     int64_t t0 = h_now_ms();
+    const char *type = quorum ? "quorum" : "classic";
+    assert_true(queue_is(&h, "expired", type));
+    assert_true(queue_is(&h, "hold." CLASS, type));
+    assert_true(queue_is(&h, "delay.00", type));
     amqp_connection_state_t conn = h_amqp_open(&h);
     char events_x[128], tap[160];
     snprintf(events_x, sizeof events_x, "%s.events", h.prefix);
@@ -188,9 +208,8 @@ static void test_broker_killed_while_orders_are_held(void **state) {
              "queue_type=%s at_kill=%lld down_ms=%lld reconnects=%zu"
              " cancelled_after_reconnect=%zu by_consumer=%lld swept=%lld"
              " tap_events=%zu tap_orders=%zu settle_ms=%lld runtime_ms=%lld",
-             quorum ? "quorum" : "classic", (long long)at_kill,
-             (long long)(t_up - t_kill), reconnects, after_restart,
-             (long long)by_consumer, swept, tap_total, tap_orders,
+             type, (long long)at_kill, (long long)(t_up - t_kill), reconnects,
+             after_restart, (long long)by_consumer, swept, tap_total, tap_orders,
              (long long)(t_consumed - t_up), (long long)(h_now_ms() - t0));
     h_print_matrix(row, &laws, extra);
 
