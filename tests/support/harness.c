@@ -737,10 +737,17 @@ long h_rss_kb(pid_t pid) {
 }
 
 int h_node(h_ctx_t *h, const char *cmd) {
-    const char *script = getenv("LAPSE_NODE_SCRIPT");
     const char *node = getenv("LAPSE_TEST_NODE");
-    if (!script || !node) {
-        die("LAPSE_NODE_SCRIPT and LAPSE_TEST_NODE must be set (run through ctest)");
+    if (!node) {
+        die("LAPSE_TEST_NODE must be set (run through ctest)");
+    }
+    return h_node_named(h, cmd, node);
+}
+
+int h_node_named(h_ctx_t *h, const char *cmd, const char *node) {
+    const char *script = getenv("LAPSE_NODE_SCRIPT");
+    if (!script) {
+        die("LAPSE_NODE_SCRIPT must be set (run through ctest)");
     }
     char line[PATH_MAX * 2 + 64];
     snprintf(line, sizeof line, "'%s' %s '%s' >>'%s/node.log' 2>&1", script, cmd, node,

@@ -154,6 +154,8 @@ long h_rss_kb(pid_t pid);
 /* Run `$LAPSE_NODE_SCRIPT <cmd> $LAPSE_TEST_NODE`, output appended to <dir>/node.log;
  * returns the exit code. */
 int h_node(h_ctx_t *h, const char *cmd);
+/* The same for node name (a cluster test's nodes). */
+int h_node_named(h_ctx_t *h, const char *cmd, const char *name);
 
 /* Wall clock, ms since the epoch. */
 int64_t h_now_ms(void);
