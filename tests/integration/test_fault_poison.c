@@ -22,14 +22,15 @@
 #define GOOD         200
 #define BAD          10000
 #define CHUNK        250
-#define RSS_BOUND_KB 4096
+#define RSS_BOUND_KB 4096 /* 8192 under ASan, whose allocator warms up per size class */
 #define BIG_MAX      65536
 #define PAST         "2020-01-01T00:00:00.000Z"
 
 /* Under AddressSanitizer (the sanitizer build links the tests and lapse alike) freed
  * memory sits in a quarantine instead of being reused, so VmRSS says nothing about
- * leaks there: the consumer runs without quarantine, and LeakSanitizer checks it at
- * exit. */
+ * leaks there: the consumer runs without quarantine (its allocator still grew ~2.9 MB
+ * from 1k to 10k parked where glibc's grew ~0.1 MB, hence the doubled bound), and
+ * LeakSanitizer checks it at exit. */
 #if defined(__SANITIZE_ADDRESS__)
 #define UNDER_ASAN 1
 #elif defined(__has_feature)
@@ -345,7 +346,7 @@ static void test_ten_thousand_poison_messages(void **state) {
     assert_int_equal(parked_lines, BAD);
     assert_int_equal(expired_left, 0);
     assert_true(rss_1k > 0 && rss_10k > 0);
-    assert_true(rss_10k - rss_1k <= RSS_BOUND_KB);
+    assert_true(rss_10k - rss_1k <= (UNDER_ASAN ? 2 : 1) * RSS_BOUND_KB);
     h_teardown(&h);
 }
 
