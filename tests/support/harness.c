@@ -7,6 +7,7 @@
 #include <amqp_tcp_socket.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdarg.h>
@@ -472,4 +473,285 @@ int64_t h_percentile(const int64_t *sorted, size_t n, double p) {
     }
     size_t idx = (size_t)((p / 100.0) * (double)(n - 1) + 0.5);
     return sorted[idx < n ? idx : n - 1];
+}
+
+int64_t h_now_ms(void) {
+    return now_ms();
+}
+
+struct h_watch {
+    pthread_t thread;
+    char db_path[PATH_MAX + 16];
+    volatile int stop;
+    int64_t early;
+    int64_t polls;
+};
+
+/* A cancellation read back at time t was committed at or before t; an order whose
+ * deadline is still ahead of t was therefore cancelled early. Rows with a deadline
+ * between the query's start and end are ambiguous by at most the query's duration and
+ * are left alone. */
+static void *watch_main(void *arg) {
+    h_watch_t *w = arg;
+    sqlite3 *db = NULL;
+    sqlite3_stmt *st = NULL;
+    while (!w->stop) {
+        if (!db) {
+            /* The store file appears with the first lapse command that opens it. */
+            if (sqlite3_open_v2(w->db_path, &db, SQLITE_OPEN_READONLY, NULL) !=
+                SQLITE_OK) {
+                sqlite3_close(db);
+                db = NULL;
+                usleep(5000);
+                continue;
+            }
+            sqlite3_busy_timeout(db, 1000);
+        }
+        if (!st && sqlite3_prepare_v2(db,
+                                      "SELECT order_id, deadline_ms FROM orders WHERE "
+                                      "status = 'cancelled' AND deadline_ms > ?1",
+                                      -1, &st, NULL) != SQLITE_OK) {
+            st = NULL; /* the schema is not there yet */
+            usleep(5000);
+            continue;
+        }
+        int64_t before = now_ms();
+        sqlite3_bind_int64(st, 1, before);
+        int64_t deadlines[64];
+        char ids[64][64];
+        int n = 0;
+        while (sqlite3_step(st) == SQLITE_ROW && n < 64) {
+            snprintf(ids[n], sizeof ids[n], "%s",
+                     (const char *)sqlite3_column_text(st, 0));
+            deadlines[n++] = sqlite3_column_int64(st, 1);
+        }
+        sqlite3_reset(st);
+        int64_t after = now_ms();
+        for (int i = 0; i < n; i++) {
+            if (deadlines[i] > after) {
+                fprintf(stderr, "watch: %s seen cancelled %lld ms before its deadline\n",
+                        ids[i], (long long)(deadlines[i] - after));
+                w->early++;
+            }
+        }
+        w->polls++;
+        usleep(5000);
+    }
+    sqlite3_finalize(st);
+    sqlite3_close(db);
+    return NULL;
+}
+
+h_watch_t *h_watch_start(h_ctx_t *h) {
+    h_watch_t *w = calloc(1, sizeof *w);
+    snprintf(w->db_path, sizeof w->db_path, "%s", h->db_path);
+    if (pthread_create(&w->thread, NULL, watch_main, w) != 0) {
+        die("pthread_create");
+    }
+    return w;
+}
+
+static int cmp_str(const void *a, const void *b) {
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Orders named more than once as cancelled across the logs. */
+static int64_t doubled_in_logs(h_ctx_t *h, const char *const *logs) {
+    char **ids = NULL;
+    size_t n = 0, cap = 0;
+    for (size_t k = 0; logs && logs[k]; k++) {
+        FILE *f = fopen(h_path(h, logs[k]), "r");
+        if (!f) {
+            continue;
+        }
+        char *line = NULL;
+        size_t lcap = 0;
+        while (getline(&line, &lcap, f) >= 0) {
+            if (!strstr(line, "decision=cancelled ") &&
+                !strstr(line, "event=sweep_cancel ")) {
+                continue;
+            }
+            const char *p = strstr(line, "order_id=");
+            if (!p) {
+                continue;
+            }
+            p += strlen("order_id=");
+            size_t len = strcspn(p, " \n");
+            if (n == cap) {
+                cap = cap ? 2 * cap : 1024;
+                ids = realloc(ids, cap * sizeof *ids);
+            }
+            ids[n++] = strndup(p, len);
+        }
+        free(line);
+        fclose(f);
+    }
+    qsort(ids, n, sizeof *ids, cmp_str);
+    int64_t doubled = 0;
+    for (size_t i = 1; i < n; i++) {
+        if (strcmp(ids[i], ids[i - 1]) == 0 &&
+            (i < 2 || strcmp(ids[i - 1], ids[i - 2]) != 0)) {
+            fprintf(stderr, "laws: %s cancelled more than once in the logs\n", ids[i]);
+            doubled++;
+        }
+    }
+    for (size_t i = 0; i < n; i++) {
+        free(ids[i]);
+    }
+    free(ids);
+    return doubled;
+}
+
+void h_check_laws(h_ctx_t *h, const char *const *logs, h_watch_t *w, h_laws_t *out) {
+    memset(out, 0, sizeof *out);
+    int64_t watched_early = 0;
+    if (w) {
+        w->stop = 1;
+        pthread_join(w->thread, NULL);
+        watched_early = w->early;
+        out->watch_polls = w->polls;
+        free(w);
+    }
+    int64_t now = now_ms();
+    out->orders = h_sql_int(h, "SELECT count(*) FROM orders");
+    out->paid = h_sql_int(h, "SELECT count(*) FROM orders WHERE status='paid'");
+    out->cancelled = h_sql_int(h, "SELECT count(*) FROM orders WHERE status='cancelled'");
+    out->pending = h_sql_int(h, "SELECT count(*) FROM orders WHERE status='pending'");
+    out->lost = h_sql_int(
+        h, "SELECT count(*) FROM orders WHERE status='pending' AND deadline_ms <= %lld",
+        (long long)now);
+    out->wrong = h_sql_int(h, "SELECT count(*) FROM orders o WHERE status='paid' AND"
+                              " (cancelled_at_ms IS NOT NULL OR paid_at_ms >= deadline_ms"
+                              " OR EXISTS (SELECT 1 FROM events e"
+                              " WHERE e.order_id=o.order_id))");
+    out->early =
+        watched_early + h_sql_int(h, "SELECT count(*) FROM orders WHERE "
+                                     "status='cancelled' AND (cancelled_at_ms IS "
+                                     "NULL OR cancelled_at_ms < deadline_ms)");
+    out->doubled =
+        h_sql_int(h, "SELECT count(*) FROM (SELECT order_id FROM events GROUP BY order_id"
+                     " HAVING count(*) > 1)");
+    int64_t in_logs = doubled_in_logs(h, logs);
+    out->doubled = in_logs > out->doubled ? in_logs : out->doubled;
+    out->no_event =
+        h_sql_int(h, "SELECT count(*) FROM orders o WHERE status='cancelled'"
+                     " AND (SELECT count(*) FROM events e"
+                     " WHERE e.order_id=o.order_id) != 1") +
+        h_sql_int(h, "SELECT count(*) FROM events WHERE order_id NOT IN"
+                     " (SELECT order_id FROM orders WHERE status='cancelled')");
+    out->holds_wrong = h_sql_int(h, "SELECT count(*) FROM holds h JOIN orders o USING"
+                                    " (order_id) WHERE (h.released_at_ms IS NOT NULL) !="
+                                    " (o.status = 'cancelled') OR (o.status = 'cancelled'"
+                                    " AND h.released_at_ms != o.cancelled_at_ms)");
+    out->unpublished =
+        h_sql_int(h, "SELECT count(*) FROM events WHERE published_at_ms IS NULL");
+    out->max_lag_ms = out->cancelled
+                          ? h_sql_int(h, "SELECT max(cancelled_at_ms - deadline_ms) FROM "
+                                         "orders WHERE status='cancelled'")
+                          : -1;
+}
+
+void h_print_matrix(const char *row, const h_laws_t *l, const char *extra) {
+    char line[512];
+    snprintf(line, sizeof line,
+             "matrix %s orders=%lld lost=%lld doubled=%lld early=%lld max_lag_ms=%lld"
+             " | paid=%lld cancelled=%lld pending=%lld wrong=%lld no_event=%lld"
+             " holds_wrong=%lld unpublished=%lld watch_polls=%lld%s%s",
+             row, (long long)l->orders, (long long)l->lost, (long long)l->doubled,
+             (long long)l->early, (long long)l->max_lag_ms, (long long)l->paid,
+             (long long)l->cancelled, (long long)l->pending, (long long)l->wrong,
+             (long long)l->no_event, (long long)l->holds_wrong, (long long)l->unpublished,
+             (long long)l->watch_polls, extra ? " " : "", extra ? extra : "");
+    printf("%s\n", line);
+    fflush(stdout);
+}
+
+typedef struct tap_ids {
+    char **ids;
+    size_t n, cap;
+} tap_ids_t;
+
+static void collect_event(void *opaque, const h_msg_t *m) {
+    tap_ids_t *t = opaque;
+    const char *pfx = "order.cancelled:";
+    if (strncmp(m->message_id, pfx, strlen(pfx)) != 0) {
+        return;
+    }
+    if (t->n == t->cap) {
+        t->cap = t->cap ? 2 * t->cap : 1024;
+        t->ids = realloc(t->ids, t->cap * sizeof *t->ids);
+    }
+    t->ids[t->n++] = strdup(m->message_id + strlen(pfx));
+}
+
+size_t h_tap_event_orders(amqp_connection_state_t conn, const char *queue,
+                          size_t *total) {
+    tap_ids_t t = {0};
+    *total = h_drain(conn, queue, 500, collect_event, &t);
+    qsort(t.ids, t.n, sizeof *t.ids, cmp_str);
+    size_t distinct = 0;
+    for (size_t i = 0; i < t.n; i++) {
+        distinct += i == 0 || strcmp(t.ids[i], t.ids[i - 1]) != 0;
+    }
+    for (size_t i = 0; i < t.n; i++) {
+        free(t.ids[i]);
+    }
+    free(t.ids);
+    return distinct;
+}
+
+int64_t h_topology_depth(h_ctx_t *h, amqp_connection_state_t conn) {
+    char q[256];
+    int64_t total = 0;
+    char classes[128];
+    snprintf(classes, sizeof classes, "%s", h->classes);
+    char *save = NULL;
+    for (char *c = strtok_r(classes, ",", &save); c; c = strtok_r(NULL, ",", &save)) {
+        snprintf(q, sizeof q, "%s.hold.%s", h->prefix, c);
+        total += h_queue_depth(conn, q);
+    }
+    for (int k = 0; k < 28; k++) {
+        snprintf(q, sizeof q, "%s.delay.%02d", h->prefix, k);
+        total += h_queue_depth(conn, q);
+    }
+    snprintf(q, sizeof q, "%s.expired", h->prefix);
+    return total + h_queue_depth(conn, q);
+}
+
+long h_rss_kb(pid_t pid) {
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        return -1;
+    }
+    char line[256];
+    long kb = -1;
+    while (fgets(line, sizeof line, f)) {
+        if (sscanf(line, "VmRSS: %ld kB", &kb) == 1) {
+            break;
+        }
+    }
+    fclose(f);
+    return kb;
+}
+
+int h_node(h_ctx_t *h, const char *cmd) {
+    const char *node = getenv("LAPSE_TEST_NODE");
+    if (!node) {
+        die("LAPSE_TEST_NODE must be set (run through ctest)");
+    }
+    return h_node_named(h, cmd, node);
+}
+
+int h_node_named(h_ctx_t *h, const char *cmd, const char *node) {
+    const char *script = getenv("LAPSE_NODE_SCRIPT");
+    if (!script) {
+        die("LAPSE_NODE_SCRIPT must be set (run through ctest)");
+    }
+    char line[PATH_MAX * 2 + 64];
+    snprintf(line, sizeof line, "'%s' %s '%s' >>'%s/node.log' 2>&1", script, cmd, node,
+             h->dir);
+    int st = system(line);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }

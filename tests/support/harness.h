@@ -99,4 +99,65 @@ int64_t h_queue_depth(amqp_connection_state_t conn, const char *queue);
 int64_t h_percentile(const int64_t *sorted, size_t n, double p);
 void h_sort(int64_t *v, size_t n);
 
+/* The four laws, checked over every order in the test's store (DESIGN.md): counts of
+ * the orders that break one, so that a failure says which law and how often. */
+typedef struct h_laws {
+    int64_t orders, paid, cancelled, pending;
+    int64_t lost;        /* past its deadline, never paid, still pending (law 3) */
+    int64_t wrong;       /* paid with a cancel time or an event (law 2) */
+    int64_t early;       /* cancelled_at_ms < deadline_ms, or seen cancelled by the
+                          * watcher before its deadline (law 1) */
+    int64_t doubled;     /* more than one event row, or more than one cancellation in
+                          * the logs (decision=cancelled, event=sweep_cancel) (law 4) */
+    int64_t no_event;    /* cancelled without exactly one event row (law 4) */
+    int64_t holds_wrong; /* holds released and status cancelled disagree (law 4) */
+    int64_t unpublished; /* event rows not yet published (informational) */
+    int64_t max_lag_ms;  /* max(cancelled_at_ms - deadline_ms), -1 when none */
+    int64_t watch_polls; /* store polls the watcher made, 0 without one */
+} h_laws_t;
+
+/* A thread that polls the store every ~5 ms (its own read-only connection) and counts
+ * orders it sees cancelled while the wall clock is still before their deadline: a
+ * never-early check independent of the consumer's clock. */
+typedef struct h_watch h_watch_t;
+h_watch_t *h_watch_start(h_ctx_t *h);
+
+/* Fill *out for every order in the store. logs: NULL-terminated file names in the test
+ * dir scanned for cancellations (may be NULL); w: a watcher to stop and free (may be
+ * NULL). */
+void h_check_laws(h_ctx_t *h, const char *const *logs, h_watch_t *w, h_laws_t *out);
+/* Print "matrix <row> orders=N lost=N doubled=N early=N max_lag_ms=N" and the details
+ * to stdout. */
+void h_print_matrix(const char *row, const h_laws_t *laws, const char *extra);
+/* For tests (cmocka included before this header): every law holds. */
+#define H_ASSERT_LAWS(l)                                                                 \
+    do {                                                                                 \
+        assert_int_equal((l).lost, 0);                                                   \
+        assert_int_equal((l).wrong, 0);                                                  \
+        assert_int_equal((l).early, 0);                                                  \
+        assert_int_equal((l).doubled, 0);                                                \
+        assert_int_equal((l).no_event, 0);                                               \
+        assert_int_equal((l).holds_wrong, 0);                                            \
+    } while (0)
+
+/* Distinct order ids among the order.cancelled events drained from a tap queue (every
+ * message is consumed); *total receives the number of messages. */
+size_t h_tap_event_orders(amqp_connection_state_t conn, const char *queue, size_t *total);
+
+/* Sum of the ready messages in the topology's holding queues (one per class), the 28
+ * ladder rungs and the expired queue. */
+int64_t h_topology_depth(h_ctx_t *h, amqp_connection_state_t conn);
+
+/* Resident set size of a process in kB (VmRSS), -1 when unreadable. */
+long h_rss_kb(pid_t pid);
+
+/* Run `$LAPSE_NODE_SCRIPT <cmd> $LAPSE_TEST_NODE`, output appended to <dir>/node.log;
+ * returns the exit code. */
+int h_node(h_ctx_t *h, const char *cmd);
+/* The same for node name (a cluster test's nodes). */
+int h_node_named(h_ctx_t *h, const char *cmd, const char *name);
+
+/* Wall clock, ms since the epoch. */
+int64_t h_now_ms(void);
+
 #endif
