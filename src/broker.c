@@ -300,10 +300,10 @@ size_t lapse__broker_unsettled(const lapse__broker_t *broker) {
     return (size_t)(broker->next_tag - broker->first_open);
 }
 
-lapse_status_t lapse__broker_wait_confirms(lapse__broker_t *broker, int64_t timeout_ms,
-                                           lapse_error_t *err) {
+lapse_status_t lapse__broker_wait_settled(lapse__broker_t *broker, uint64_t upto_tag,
+                                          int64_t timeout_ms, lapse_error_t *err) {
     int64_t waited = 0;
-    while (lapse__broker_unsettled(broker) > 0) {
+    while (broker->first_open <= upto_tag && broker->first_open < broker->next_tag) {
         if (!broker->open) {
             return lapse_error_set(err, LAPSE_ERR_BROKER_CLOSED,
                                    "connection lost with publishes unconfirmed");
@@ -325,6 +325,14 @@ lapse_status_t lapse__broker_wait_confirms(lapse__broker_t *broker, int64_t time
     }
     amqp_maybe_release_buffers(broker->conn); /* see lapse__broker_poll */
     return LAPSE_OK;
+}
+
+lapse_status_t lapse__broker_wait_confirms(lapse__broker_t *broker, int64_t timeout_ms,
+                                           lapse_error_t *err) {
+    if (broker->next_tag == broker->first_open) {
+        return LAPSE_OK;
+    }
+    return lapse__broker_wait_settled(broker, broker->next_tag - 1, timeout_ms, err);
 }
 
 lapse_status_t lapse__broker_publish(lapse__broker_t *broker, const char *exchange,

@@ -67,6 +67,11 @@ lapse_status_t lapse__broker_publish(lapse__broker_t *broker, const char *exchan
                                      const void *body, size_t len, const char *key,
                                      uint64_t *tag, lapse_error_t *err);
 
+/** Read confirms until every publish up to upto_tag is settled, or timeout_ms passes
+ * (LAPSE_ERR_BROKER_TIMEOUT). */
+lapse_status_t lapse__broker_wait_settled(lapse__broker_t *broker, uint64_t upto_tag,
+                                          int64_t timeout_ms, lapse_error_t *err);
+
 /** Read confirms until none is unsettled, or timeout_ms passes
  * (LAPSE_ERR_BROKER_TIMEOUT). */
 lapse_status_t lapse__broker_wait_confirms(lapse__broker_t *broker, int64_t timeout_ms,

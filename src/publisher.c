@@ -1,5 +1,11 @@
 /* SPDX-License-Identifier: MIT
- * Publisher: orders recorded in batches, expiry messages published with confirms. */
+ * Publisher: orders recorded in batches, expiry messages published with confirms.
+ *
+ * Two batches take turns: while the broker confirms one, the next is recorded and
+ * published, so the connection never runs dry between batches. A batch is marked
+ * scheduled and reported once all of its publishes are settled. A lost connection is
+ * reopened with backoff and every publish not yet confirmed is sent again (a duplicate
+ * message is a no-op for the consumer). */
 #include <lapse/publisher.h>
 
 #include "broker_int.h"
@@ -10,12 +16,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-_Static_assert(LAPSE_MAX_DELAY_MS == LAPSE__LADDER_MAX_MS, "the ladder sets the limit");
-
 #define BATCH           500  /* orders per store transaction */
-#define WINDOW          1000 /* publishes in flight */
+#define WINDOW          1000 /* publishes in flight: two batches */
 #define CONFIRM_WAIT_MS 30000
 #define STORE_ATTEMPTS  8
+#define RECOVER_TRIES                                                                    \
+    6 /* reconnects in a row (about 8 s of backoff) before giving up                     \
+       */
 
 typedef struct entry {
     char order_id[LAPSE_ORDER_ID_MAX + 1];
@@ -25,10 +32,18 @@ typedef struct entry {
     char **holds;
     size_t n_holds;
     uint64_t ref;
-    uint64_t tag; /* publish tag, 0 when not published */
+    uint64_t tag; /* publish tag on the current connection, 0 when not published */
     lapse_status_t rc;
     char reason[160];
 } entry_t;
+
+typedef struct batch {
+    entry_t *e; /* BATCH entries */
+    size_t n;
+    uint64_t first_tag; /* tag of its first publish on the current connection, 0: none */
+    uint64_t last_tag;  /* tag of its last publish */
+    size_t *by_offset;  /* tag - first_tag -> entry index */
+} batch_t;
 
 struct lapse_publisher {
     const lapse_config_t *cfg;
@@ -37,100 +52,51 @@ struct lapse_publisher {
     void *opaque;
     lapse__topology_t topo;
     lapse__broker_t broker;
-    entry_t *batch;
-    size_t n;
-    uint64_t first_tag; /* tag of the batch's first publish */
-    size_t *by_offset;  /* tag - first_tag -> batch index */
-    int64_t polled_at;  /* last look at the connection between flushes */
+    batch_t b[2];
+    int cur;           /* the batch being filled; b[!cur] may be in flight */
+    bool in_flight;    /* b[!cur] is published and waits for its confirms */
+    int64_t polled_at; /* last look at the connection between flushes */
 };
-
-lapse_status_t lapse__publish_expiry(lapse__broker_t *broker, const char *exchange,
-                                     const char *routing_key,
-                                     const lapse_expiry_msg_t *msg, int attempts,
-                                     uint64_t *tag, lapse_error_t *err) {
-    char body[LAPSE_ORDER_ID_MAX + 160];
-    size_t len;
-    lapse_status_t rc = lapse_expiry_msg_encode(msg, body, sizeof body, &len);
-    if (rc != LAPSE_OK) {
-        return lapse_error_set(err, rc, "encode %s", msg->order_id);
-    }
-    amqp_table_entry_t headers[2] = {
-        lapse__entry_i64(LAPSE_HDR_DEADLINE, msg->deadline_ms),
-        lapse__entry_i64(LAPSE_HDR_ATTEMPTS, attempts)};
-    amqp_basic_properties_t props;
-    memset(&props, 0, sizeof props);
-    props._flags = AMQP_BASIC_CONTENT_TYPE_FLAG | AMQP_BASIC_DELIVERY_MODE_FLAG |
-                   AMQP_BASIC_MESSAGE_ID_FLAG | AMQP_BASIC_TIMESTAMP_FLAG |
-                   AMQP_BASIC_APP_ID_FLAG | AMQP_BASIC_TYPE_FLAG |
-                   AMQP_BASIC_HEADERS_FLAG;
-    props.content_type = amqp_cstring_bytes("application/json");
-    props.delivery_mode = AMQP_DELIVERY_PERSISTENT;
-    props.message_id = amqp_cstring_bytes(msg->order_id);
-    props.timestamp = (uint64_t)(msg->created_at_ms / 1000);
-    props.app_id = amqp_cstring_bytes(LAPSE_APP_ID);
-    props.type = amqp_cstring_bytes(LAPSE_MSG_TYPE);
-    props.headers.num_entries = attempts > 0 ? 2 : 1;
-    props.headers.entries = headers;
-    return lapse__broker_publish(broker, exchange, routing_key, true, &props, body, len,
-                                 msg->order_id, tag, err);
-}
-
-lapse_status_t lapse_deadline_check(int64_t deadline_ms, int64_t now_ms,
-                                    lapse_error_t *err) {
-    char when[LAPSE_RFC3339_LEN];
-    lapse_time_format_rfc3339(deadline_ms, when);
-    if (deadline_ms <= now_ms) {
-        return lapse_error_set(err, LAPSE_ERR_INVALID, "deadline %s is in the past",
-                               when);
-    }
-    if (deadline_ms - now_ms > LAPSE_MAX_DELAY_MS) {
-        return lapse_error_set(err, LAPSE_ERR_INVALID,
-                               "deadline %s is too far ahead: the longest delay is "
-                               "%lld s (about 8.5 years)",
-                               when, (long long)(LAPSE_MAX_DELAY_MS / 1000));
-    }
-    return LAPSE_OK;
-}
-
-lapse_status_t lapse__publish_route(lapse__broker_t *broker,
-                                    const lapse__topology_t *topo,
-                                    const lapse__class_t *cls,
-                                    const lapse_expiry_msg_t *msg, int64_t now_ms,
-                                    uint64_t *tag, lapse_error_t *err) {
-    if (cls) {
-        return lapse__publish_expiry(broker, topo->hold_exchange, cls->name, msg, 0, tag,
-                                     err);
-    }
-    lapse__ladder_route_t route;
-    if (lapse__ladder_route(msg->deadline_ms - now_ms, &route) != LAPSE_OK) {
-        return lapse_error_set(err, LAPSE_ERR_INVALID,
-                               "%s: deadline beyond the longest delay", msg->order_id);
-    }
-    return lapse__publish_expiry(broker, topo->delay[route.top], route.routing_key, msg,
-                                 0, tag, err);
-}
 
 static void on_settle(void *opaque, uint64_t tag, lapse_status_t outcome) {
     lapse_publisher_t *pub = opaque;
-    if (tag < pub->first_tag || tag - pub->first_tag >= pub->n) {
+    for (int k = 0; k < 2; k++) {
+        batch_t *b = &pub->b[k];
+        if (b->first_tag == 0 || tag < b->first_tag || tag > b->last_tag) {
+            continue;
+        }
+        entry_t *e = &b->e[b->by_offset[tag - b->first_tag]];
+        if (e->tag != tag) {
+            continue;
+        }
+        e->rc = outcome;
+        if (outcome != LAPSE_OK) {
+            snprintf(e->reason, sizeof e->reason, "%s", lapse_strerror(outcome));
+        }
         return;
     }
-    entry_t *e = &pub->batch[pub->by_offset[tag - pub->first_tag]];
-    e->rc = outcome;
-    if (outcome != LAPSE_OK) {
-        snprintf(e->reason, sizeof e->reason, "%s", lapse_strerror(outcome));
+}
+
+static void free_holds(entry_t *e) {
+    for (size_t i = 0; i < e->n_holds; i++) {
+        free(e->holds[i]);
     }
+    free(e->holds);
+    e->holds = NULL;
+    e->n_holds = 0;
 }
 
 lapse_publisher_t *lapse_publisher_open(const lapse_config_t *cfg, lapse_store_t *store,
                                         lapse_publish_cb cb, void *opaque,
                                         lapse_status_t *rc, lapse_error_t *err) {
     lapse_publisher_t *pub = calloc(1, sizeof *pub);
-    if (pub) {
-        pub->batch = calloc(BATCH, sizeof *pub->batch);
-        pub->by_offset = calloc(BATCH, sizeof *pub->by_offset);
+    bool ok = pub != NULL;
+    for (int k = 0; ok && k < 2; k++) {
+        pub->b[k].e = calloc(BATCH, sizeof *pub->b[k].e);
+        pub->b[k].by_offset = calloc(BATCH, sizeof *pub->b[k].by_offset);
+        ok = pub->b[k].e && pub->b[k].by_offset;
     }
-    if (!pub || !pub->batch || !pub->by_offset) {
+    if (!ok) {
         lapse_publisher_close(pub);
         *rc = lapse_error_set(err, LAPSE_ERR_NOMEM, "publisher");
         return NULL;
@@ -149,43 +115,38 @@ lapse_publisher_t *lapse_publisher_open(const lapse_config_t *cfg, lapse_store_t
     return pub;
 }
 
-static void free_holds(entry_t *e) {
-    for (size_t i = 0; i < e->n_holds; i++) {
-        free(e->holds[i]);
-    }
-    free(e->holds);
-    e->holds = NULL;
-    e->n_holds = 0;
-}
-
 /* Report every entry of the batch to the callback, then empty it. */
-static void report(lapse_publisher_t *pub) {
-    for (size_t i = 0; i < pub->n; i++) {
-        entry_t *e = &pub->batch[i];
+static void report(lapse_publisher_t *pub, batch_t *b) {
+    for (size_t i = 0; i < b->n; i++) {
+        entry_t *e = &b->e[i];
         if (pub->cb) {
             pub->cb(pub->opaque, e->ref, e->order_id, e->rc,
                     e->rc == LAPSE_OK ? "" : e->reason);
         }
         free_holds(e);
     }
-    pub->n = 0;
+    b->n = 0;
+    b->first_tag = b->last_tag = 0;
 }
 
-static void fail_unsettled(lapse_publisher_t *pub, const lapse_error_t *why) {
-    for (size_t i = 0; i < pub->n; i++) {
-        entry_t *e = &pub->batch[i];
-        if (e->rc == LAPSE_OK && e->tag != 0 && e->tag >= pub->broker.first_open) {
+/* Fail every entry of b still waiting to be published or confirmed. */
+static void fail_unsettled(const lapse__broker_t *broker, batch_t *b,
+                           const lapse_error_t *why) {
+    for (size_t i = 0; i < b->n; i++) {
+        entry_t *e = &b->e[i];
+        bool unsettled = e->tag == 0 || (broker->open && e->tag >= broker->first_open);
+        if ((e->rc == LAPSE_OK && unsettled) || e->rc == LAPSE_ERR_BROKER_CLOSED) {
             e->rc = why->code;
             snprintf(e->reason, sizeof e->reason, "%s", why->text);
         }
     }
 }
 
-static lapse_status_t store_insert(lapse_publisher_t *pub, lapse_status_t *results,
-                                   lapse_error_t *err) {
+static lapse_status_t store_insert(lapse_publisher_t *pub, batch_t *b,
+                                   lapse_status_t *results, lapse_error_t *err) {
     lapse_new_order_t orders[BATCH];
-    for (size_t i = 0; i < pub->n; i++) {
-        entry_t *e = &pub->batch[i];
+    for (size_t i = 0; i < b->n; i++) {
+        entry_t *e = &b->e[i];
         orders[i] = (lapse_new_order_t){.order_id = e->order_id,
                                         .deadline_ms = e->deadline_ms,
                                         .created_at_ms = e->created_at_ms,
@@ -194,7 +155,7 @@ static lapse_status_t store_insert(lapse_publisher_t *pub, lapse_status_t *resul
     }
     lapse_status_t rc = LAPSE_OK;
     for (unsigned attempt = 0; attempt < STORE_ATTEMPTS; attempt++) {
-        rc = lapse_store_insert_orders(pub->store, orders, pub->n, results, err);
+        rc = lapse_store_insert_orders(pub->store, orders, b->n, results, err);
         if (rc != LAPSE_ERR_STORE_BUSY) {
             break;
         }
@@ -224,27 +185,19 @@ static void adopt_unscheduled(lapse_publisher_t *pub, entry_t *e) {
     lapse_order_clear(&order);
 }
 
-lapse_status_t lapse_publisher_flush(lapse_publisher_t *pub, lapse_error_t *err) {
-    if (pub->n == 0) {
-        return LAPSE_OK;
-    }
+/* Record b in the store (one transaction) and set each entry's outcome so far. */
+static lapse_status_t record(lapse_publisher_t *pub, batch_t *b, lapse_error_t *err) {
     lapse_status_t results[BATCH];
-    lapse_status_t rc = store_insert(pub, results, err);
-    if (rc != LAPSE_OK) {
-        for (size_t i = 0; i < pub->n; i++) {
-            pub->batch[i].rc = rc;
-            snprintf(pub->batch[i].reason, sizeof pub->batch[i].reason, "%s",
+    lapse_status_t rc = store_insert(pub, b, results, err);
+    for (size_t i = 0; i < b->n; i++) {
+        entry_t *e = &b->e[i];
+        e->tag = 0;
+        e->rc = rc != LAPSE_OK ? rc : results[i];
+        if (rc != LAPSE_OK) {
+            snprintf(e->reason, sizeof e->reason, "%s",
                      err ? err->text : lapse_strerror(rc));
+            continue;
         }
-        report(pub);
-        return rc;
-    }
-
-    pub->first_tag = pub->broker.next_tag;
-    size_t published = 0;
-    for (size_t i = 0; i < pub->n && rc == LAPSE_OK; i++) {
-        entry_t *e = &pub->batch[i];
-        e->rc = results[i];
         if (e->rc == LAPSE_ERR_STORE_CONFLICT) {
             adopt_unscheduled(pub, e);
         }
@@ -253,44 +206,123 @@ lapse_status_t lapse_publisher_flush(lapse_publisher_t *pub, lapse_error_t *err)
                      e->rc == LAPSE_ERR_STORE_CONFLICT
                          ? "order exists with another deadline"
                          : "order exists and is no longer pending");
+        }
+    }
+    return rc;
+}
+
+/* Publish the entries of b that are recorded but not on the broker yet: all of them
+ * the first time, those the broker never confirmed after a reconnect. */
+static lapse_status_t publish(lapse_publisher_t *pub, batch_t *b, lapse_error_t *err) {
+    b->first_tag = b->last_tag = 0;
+    lapse_status_t rc = LAPSE_OK;
+    for (size_t i = 0; i < b->n && rc == LAPSE_OK; i++) {
+        entry_t *e = &b->e[i];
+        if (e->rc == LAPSE_ERR_BROKER_CLOSED) {
+            e->rc = LAPSE_OK; /* lost with the connection: send again */
+        } else if (e->rc != LAPSE_OK || e->tag != 0) {
             continue;
         }
         lapse_expiry_msg_t msg = {.version = 1,
                                   .deadline_ms = e->deadline_ms,
                                   .created_at_ms = e->created_at_ms};
         memcpy(msg.order_id, e->order_id, sizeof msg.order_id);
-        pub->by_offset[published++] = i;
+        uint64_t tag = pub->broker.next_tag;
+        if (b->first_tag == 0) {
+            b->first_tag = tag;
+        }
+        b->by_offset[tag - b->first_tag] = i;
+        b->last_tag = tag;
+        e->tag = tag;
         rc = lapse__publish_route(&pub->broker, &pub->topo, e->cls, &msg,
-                                  lapse_clock_now_ms(), &e->tag, err);
-    }
-    if (rc == LAPSE_OK) {
-        rc = lapse__broker_wait_confirms(&pub->broker, CONFIRM_WAIT_MS, err);
-    }
-    if (rc != LAPSE_OK) {
-        lapse_error_t why = {.code = rc};
-        snprintf(why.text, sizeof why.text, "%s", err ? err->text : lapse_strerror(rc));
-        fail_unsettled(pub, &why);
-        for (size_t i = 0; i < pub->n; i++) {
-            if (pub->batch[i].rc == LAPSE_OK && pub->batch[i].tag == 0) {
-                pub->batch[i].rc = rc; /* never published */
-                snprintf(pub->batch[i].reason, sizeof pub->batch[i].reason, "%s",
-                         why.text);
+                                  lapse_clock_now_ms(), NULL, err);
+        if (rc != LAPSE_OK) {
+            e->tag = 0;
+            b->last_tag = tag - 1;
+            if (!lapse_status_is_retriable(rc)) {
+                e->rc = rc; /* this order's own problem (e.g. too far ahead) */
+                snprintf(e->reason, sizeof e->reason, "%s", err ? err->text : "");
+                rc = LAPSE_OK;
+            } else {
+                e->rc = LAPSE_ERR_BROKER_CLOSED;
             }
         }
     }
+    return rc;
+}
 
-    /* Only orders the broker confirmed are marked scheduled; the rest stay pending and
-     * unscheduled so that a later sweep publishes them again. */
+/* The connection failed: reopen it with backoff and publish again whatever it took
+ * down unconfirmed, the older batch first. */
+static lapse_status_t recover(lapse_publisher_t *pub, lapse_status_t why,
+                              lapse_error_t *err) {
+    lapse_status_t rc = why;
+    for (unsigned attempt = 0; attempt < RECOVER_TRIES; attempt++) {
+        char text[sizeof err->text] = "";
+        if (err) {
+            snprintf(text, sizeof text, "%s", err->text);
+        }
+        lapse__broker_close(&pub->broker); /* the unconfirmed become BROKER_CLOSED */
+        int64_t delay = lapse__backoff_ms(attempt, 250, 4000);
+        lapse__log(pub->cfg, LAPSE_LOG_WARN,
+                   "event=reconnect status=%s reason=\"%s\" attempt=%u delay_ms=%lld",
+                   lapse_status_name(rc), text, attempt + 1, (long long)delay);
+        lapse__sleep_ms(delay, NULL);
+        rc = lapse__broker_open(&pub->broker, pub->cfg, "lapse publish", WINDOW,
+                                on_settle, pub, err);
+        if (rc == LAPSE_OK && pub->in_flight) {
+            rc = publish(pub, &pub->b[!pub->cur], err);
+        }
+        if (rc == LAPSE_OK) {
+            rc = publish(pub, &pub->b[pub->cur], err);
+        }
+        if (rc == LAPSE_OK || !lapse_status_is_retriable(rc)) {
+            return rc;
+        }
+    }
+    return rc;
+}
+
+/* Wait until every publish of b is settled, reconnecting and re-sending as needed. */
+static lapse_status_t settle(lapse_publisher_t *pub, batch_t *b, lapse_error_t *err) {
+    for (;;) {
+        lapse_status_t rc = b->first_tag == 0
+                                ? LAPSE_OK
+                                : lapse__broker_wait_settled(&pub->broker, b->last_tag,
+                                                             CONFIRM_WAIT_MS, err);
+        bool lost = false;
+        for (size_t i = 0; i < b->n; i++) {
+            lost |= b->e[i].rc == LAPSE_ERR_BROKER_CLOSED;
+        }
+        if (rc == LAPSE_OK && !lost) {
+            return LAPSE_OK;
+        }
+        if (rc == LAPSE_OK) {
+            rc = lapse_error_set(err, LAPSE_ERR_BROKER_CLOSED, "connection lost");
+        }
+        if (!lapse_status_is_retriable(rc) && rc != LAPSE_ERR_BROKER_CLOSED) {
+            return rc;
+        }
+        rc = recover(pub, rc, err);
+        if (rc != LAPSE_OK) {
+            return rc;
+        }
+    }
+}
+
+/* Only orders the broker confirmed are marked scheduled; the rest stay pending and
+ * unscheduled so that a later sweep publishes them again. Then report b. */
+static void complete(lapse_publisher_t *pub, batch_t *b) {
     const char *confirmed[BATCH];
     size_t n_confirmed = 0;
-    for (size_t i = 0; i < pub->n; i++) {
-        if (pub->batch[i].rc == LAPSE_OK) {
-            confirmed[n_confirmed++] = pub->batch[i].order_id;
+    for (size_t i = 0; i < b->n; i++) {
+        if (b->e[i].rc == LAPSE_OK) {
+            confirmed[n_confirmed++] = b->e[i].order_id;
         }
     }
     lapse_status_t mrc = LAPSE_OK;
+    lapse_error_t err = {0};
     for (unsigned attempt = 0; n_confirmed > 0 && attempt < STORE_ATTEMPTS; attempt++) {
-        mrc = lapse_store_mark_scheduled(pub->store, confirmed, n_confirmed, err);
+        mrc = lapse_store_mark_scheduled(pub->store, confirmed, n_confirmed, &err);
         if (mrc != LAPSE_ERR_STORE_BUSY) {
             break;
         }
@@ -302,8 +334,65 @@ lapse_status_t lapse_publisher_flush(lapse_publisher_t *pub, lapse_error_t *err)
         lapse__log(pub->cfg, LAPSE_LOG_WARN, "event=mark_scheduled_failed status=%s",
                    lapse_status_name(mrc));
     }
-    report(pub);
-    return rc;
+    report(pub, b);
+}
+
+/* Record and publish the batch being filled; then settle the one in flight before it
+ * (all = true: settle both). */
+static lapse_status_t cycle(lapse_publisher_t *pub, bool all, lapse_error_t *err) {
+    batch_t *cur = &pub->b[pub->cur];
+    batch_t *prev = &pub->b[!pub->cur];
+    lapse_status_t rc = LAPSE_OK;
+    if (cur->n > 0) {
+        rc = record(pub, cur, err);
+        if (rc != LAPSE_OK) {
+            /* Nothing of it was written: report it failed; the one in flight is still
+             * settled below. */
+            report(pub, cur);
+        } else {
+            rc = publish(pub, cur, err);
+            if (rc != LAPSE_OK) {
+                rc = recover(pub, rc, err);
+            }
+        }
+    }
+    lapse_status_t src = LAPSE_OK;
+    if (pub->in_flight) {
+        src = settle(pub, prev, err);
+        if (src != LAPSE_OK) {
+            lapse_error_t why = {.code = src};
+            snprintf(why.text, sizeof why.text, "%s",
+                     err ? err->text : lapse_strerror(src));
+            fail_unsettled(&pub->broker, prev, &why);
+            fail_unsettled(&pub->broker, cur, &why);
+        }
+        complete(pub, prev);
+        pub->in_flight = false;
+    }
+    if (cur->n > 0) {
+        pub->in_flight = true;
+        pub->cur = !pub->cur;
+        if (all || src != LAPSE_OK || rc != LAPSE_OK) {
+            lapse_status_t lrc = src != LAPSE_OK ? src : rc;
+            if (lrc == LAPSE_OK) {
+                lrc = settle(pub, cur, err);
+            }
+            if (lrc != LAPSE_OK) {
+                lapse_error_t why = {.code = lrc};
+                snprintf(why.text, sizeof why.text, "%s",
+                         err ? err->text : lapse_strerror(lrc));
+                fail_unsettled(&pub->broker, cur, &why);
+            }
+            complete(pub, cur);
+            pub->in_flight = false;
+            rc = rc != LAPSE_OK ? rc : lrc;
+        }
+    }
+    return rc != LAPSE_OK ? rc : src;
+}
+
+lapse_status_t lapse_publisher_flush(lapse_publisher_t *pub, lapse_error_t *err) {
+    return cycle(pub, true, err);
 }
 
 lapse_status_t lapse_publisher_submit(lapse_publisher_t *pub,
@@ -325,7 +414,8 @@ lapse_status_t lapse_publisher_submit(lapse_publisher_t *pub,
         }
         return LAPSE_OK;
     }
-    entry_t *e = &pub->batch[pub->n];
+    batch_t *b = &pub->b[pub->cur];
+    entry_t *e = &b->e[b->n];
     memset(e, 0, sizeof *e);
     memcpy(e->order_id, order->order_id, id_len + 1);
     e->deadline_ms = order->deadline_ms;
@@ -346,12 +436,12 @@ lapse_status_t lapse_publisher_submit(lapse_publisher_t *pub,
             e->n_holds++;
         }
     }
-    pub->n++;
-    if (pub->n == BATCH) {
-        return lapse_publisher_flush(pub, err);
+    b->n++;
+    if (b->n == BATCH) {
+        return cycle(pub, false, err);
     }
     /* Input may trickle in (a pipe): keep the connection's heartbeats going meanwhile.
-     * A failure shows up, and is reported, at the next flush. */
+     * A failure shows up, and is handled, at the next flush. */
     int64_t now = lapse_clock_now_ms();
     if (now - pub->polled_at >= 1000) {
         pub->polled_at = now;
@@ -360,15 +450,23 @@ lapse_status_t lapse_publisher_submit(lapse_publisher_t *pub,
     return LAPSE_OK;
 }
 
+size_t lapse_publisher_pending(const lapse_publisher_t *pub) {
+    return pub->b[0].n + pub->b[1].n;
+}
+
 void lapse_publisher_close(lapse_publisher_t *pub) {
     if (!pub) {
         return;
     }
-    for (size_t i = 0; pub->batch && i < pub->n; i++) {
-        free_holds(&pub->batch[i]);
+    for (int k = 0; k < 2; k++) {
+        for (size_t i = 0; pub->b[k].e && i < pub->b[k].n; i++) {
+            free_holds(&pub->b[k].e[i]);
+        }
     }
     lapse__broker_close(&pub->broker);
-    free(pub->batch);
-    free(pub->by_offset);
+    for (int k = 0; k < 2; k++) {
+        free(pub->b[k].e);
+        free(pub->b[k].by_offset);
+    }
     free(pub);
 }

@@ -62,6 +62,10 @@ LAPSE_API lapse_status_t lapse_publisher_submit(lapse_publisher_t *pub,
 LAPSE_API lapse_status_t lapse_publisher_flush(lapse_publisher_t *pub,
                                                lapse_error_t *err);
 
+/** Orders submitted and not reported yet (waiting for a full batch or for confirms):
+ *  a caller reading slow input flushes when this is > 0 and no input is ready. */
+LAPSE_API size_t lapse_publisher_pending(const lapse_publisher_t *pub);
+
 /** Close the connection; orders not flushed are not published. Accepts NULL. */
 LAPSE_API void lapse_publisher_close(lapse_publisher_t *pub);
 

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT
  * lapse publish: one order, or a batch of lines, recorded and published with confirms. */
 #include "cli.h"
+#include "line_reader.h"
 
 #include <lapse/batch.h>
 #include <lapse/publisher.h>
@@ -13,6 +14,7 @@
 #define MAX_HOLDS      64
 #define CONNECT_TRIES  5
 #define PROGRESS_EVERY 200 /* ms between progress lines on a terminal */
+#define IDLE_FLUSH_MS  20  /* input paused this long: publish what is held */
 
 static const char usage[] =
     "usage: lapse publish ORDER_ID [--timeout DURATION | --deadline RFC3339] "
@@ -149,18 +151,26 @@ static int publish_batch(cli_t *cli, const char *path) {
     }
     int progress = isatty(STDERR_FILENO);
     int64_t last_progress = 0;
+    line_reader_t reader;
+    line_reader_init(&reader, fileno(in));
     char *line = NULL;
-    size_t cap = 0;
     ssize_t len;
     uint64_t lineno = 0;
     size_t bad = 0;
     lapse_status_t rc = LAPSE_OK;
     lapse_error_t err = {0};
-    while (rc == LAPSE_OK && (len = getline(&line, &cap, in)) >= 0) {
-        lineno++;
-        while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r')) {
-            line[--len] = '\0';
+    while (rc == LAPSE_OK) {
+        /* Orders held back for a full batch go out as soon as the input pauses. */
+        bool holding = lapse_publisher_pending(pub) > 0;
+        len = line_reader_next(&reader, &line, holding ? IDLE_FLUSH_MS : -1);
+        if (len == -2) {
+            rc = lapse_publisher_flush(pub, &err);
+            continue;
         }
+        if (len < 0) {
+            break;
+        }
+        lineno++;
         if (len == 0) {
             continue;
         }
@@ -193,7 +203,6 @@ static int publish_batch(cli_t *cli, const char *path) {
             last_progress = now;
         }
     }
-    free(line);
     if (rc == LAPSE_OK) {
         rc = lapse_publisher_flush(pub, &err);
     }
@@ -203,10 +212,11 @@ static int publish_batch(cli_t *cli, const char *path) {
     if (rc != LAPSE_OK) {
         cli_fail(rc, &err, "publish stopped");
     }
-    if (ferror(in)) {
-        perror(path);
+    if (reader.error) {
+        fprintf(stderr, "lapse publish: %s: %s\n", path, strerror(reader.error));
         rc = LAPSE_ERR_IO;
     }
+    line_reader_free(&reader);
     fprintf(stderr, "lapse publish: %llu lines, %zu published, %zu failed\n",
             (unsigned long long)lineno, o.ok, o.failed + bad);
     lapse_publisher_close(pub);
