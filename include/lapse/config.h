@@ -29,7 +29,7 @@ LAPSE_API void lapse_config_free(lapse_config_t *cfg);
  * amqp://guest:guest@localhost:5672/%2f) store      sqlite:PATH (default sqlite:lapse.db)
  *   prefix     [A-Za-z0-9_-]{1,48}                (default lapse)
  *   classes    comma-separated durations          (default 30m)
- *   prefetch   1..65535                           (default 200)
+ *   prefetch   1..65535                           (default 500)
  *   heartbeat  seconds, 0..3600                   (default 30)
  *   clock_skew duration with optional '-' sign    (test hook; default 0)
  *   queue_type classic | quorum                   (default classic)
