@@ -8,16 +8,12 @@
 
 #include "harness.h"
 
-#include <fcntl.h>
 #include <jansson.h>
 #include <signal.h>
-#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-
-extern char **environ;
 
 #define OUT_CAP 262144
 
@@ -40,65 +36,6 @@ static void chomp(char *s) {
     while (n > 0 && (s[n - 1] == '\n' || s[n - 1] == '\r')) {
         s[--n] = '\0';
     }
-}
-
-/* The management API through the curl command: returns the HTTP status (-1 when curl
- * did not run); the response body goes to <dir>/http.out. */
-static int http(h_ctx_t *h, const char *method, const char *path, const char *body_file,
-                const char *body) {
-    const char *base = getenv("LAPSE_TEST_MGMT_URL");
-    assert_non_null(base);
-    char url[1024], data[PATH_MAX + 8], resp[PATH_MAX + 16], code_path[PATH_MAX + 16];
-    snprintf(url, sizeof url, "%s%s", base, path);
-    /* First: body_file may be h_path's static buffer, which the next lines reuse. */
-    snprintf(data, sizeof data, "@%s", body_file ? body_file : "");
-    snprintf(resp, sizeof resp, "%s", h_path(h, "http.out"));
-    snprintf(code_path, sizeof code_path, "%s", h_path(h, "http.code"));
-    const char *argv[24];
-    size_t n = 0;
-    argv[n++] = "curl";
-    argv[n++] = "-sS";
-    argv[n++] = "--max-time";
-    argv[n++] = "30";
-    argv[n++] = "-u";
-    argv[n++] = "guest:guest";
-    argv[n++] = "-o";
-    argv[n++] = resp;
-    argv[n++] = "-w";
-    argv[n++] = "%{http_code}";
-    argv[n++] = "-X";
-    argv[n++] = method;
-    if (body_file || body) {
-        argv[n++] = "-H";
-        argv[n++] = "content-type: application/json";
-        argv[n++] = "--data-binary";
-        argv[n++] = body_file ? data : body;
-    }
-    argv[n++] = url;
-    argv[n] = NULL;
-
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
-    posix_spawn_file_actions_addopen(&fa, 1, code_path, O_WRONLY | O_CREAT | O_TRUNC,
-                                     0644);
-    posix_spawn_file_actions_addopen(&fa, 2, h_path(h, "curl.log"),
-                                     O_WRONLY | O_CREAT | O_APPEND, 0644);
-    pid_t pid;
-    int rc = posix_spawnp(&pid, "curl", &fa, NULL, (char *const *)argv, environ);
-    posix_spawn_file_actions_destroy(&fa);
-    if (rc != 0) {
-        fprintf(stderr, "spawn curl: %s\n", strerror(rc));
-        return -1;
-    }
-    if (h_stop(pid, 0, h_ms(60000)) != 0) {
-        return -1;
-    }
-    char *code = read_file(code_path);
-    int status = code ? atoi(code) : -1;
-    free(code);
-    fprintf(stderr, "http %s %s -> %d\n", method, path, status);
-    return status;
 }
 
 static json_t *find_named(json_t *array, const char *key, const char *name) {
@@ -285,14 +222,14 @@ static int import_teardown(void **state) {
     if (imp.vhost_made) {
         char path[256];
         snprintf(path, sizeof path, "/api/vhosts/%s", imp.vhost);
-        http(&imp.h, "DELETE", path, NULL, NULL);
+        h_http(&imp.h, "DELETE", path, NULL, NULL);
         imp.vhost_made = false;
     }
     return 0;
 }
 
 static json_t *get_json(h_ctx_t *h, const char *path) {
-    assert_int_equal(http(h, "GET", path, NULL, NULL), 200);
+    assert_int_equal(h_http(h, "GET", path, NULL, NULL), 200);
     char *body = read_file(h_path(h, "http.out"));
     assert_non_null(body);
     json_t *root = json_loads(body, 0, NULL);
@@ -316,19 +253,19 @@ static void test_import_into_fresh_vhost(void **state) {
 
     char path[512];
     snprintf(path, sizeof path, "/api/vhosts/%s", imp.vhost);
-    int code = http(h, "PUT", path, NULL, NULL);
+    int code = h_http(h, "PUT", path, NULL, NULL);
     assert_true(code == 201 || code == 204);
     imp.vhost_made = true;
     snprintf(path, sizeof path, "/api/permissions/%s/guest", imp.vhost);
-    code = http(h, "PUT", path, NULL,
-                "{\"configure\":\".*\",\"write\":\".*\",\"read\":\".*\"}");
+    code = h_http(h, "PUT", path, NULL,
+                  "{\"configure\":\".*\",\"write\":\".*\",\"read\":\".*\"}");
     assert_true(code == 201 || code == 204);
 
     /* 1. The committed file imports as it is, into the vhost named in the path. */
     char file[PATH_MAX];
     snprintf(file, sizeof file, "%s/definitions/definitions.json", src);
     snprintf(path, sizeof path, "/api/definitions/%s", imp.vhost);
-    code = http(h, "POST", path, file, NULL);
+    code = h_http(h, "POST", path, file, NULL);
     assert_true(code == 201 || code == 204);
     snprintf(path, sizeof path, "/api/queues/%s/lapse.hold.30m", imp.vhost);
     json_t *q = get_json(h, path);
@@ -342,7 +279,7 @@ static void test_import_into_fresh_vhost(void **state) {
     json_decref(x);
     /* Nothing of it went to the file's own vhost "/" (nothing else on this private node
      * uses the default prefix). */
-    assert_int_equal(http(h, "GET", "/api/queues/%2f/lapse.hold.30m", NULL, NULL), 404);
+    assert_int_equal(h_http(h, "GET", "/api/queues/%2f/lapse.hold.30m", NULL, NULL), 404);
 
     /* 2. A short class, exported and imported the same way: no `topology declare`. */
     char *defs = malloc(OUT_CAP);
@@ -356,7 +293,7 @@ static void test_import_into_fresh_vhost(void **state) {
     fclose(f);
     free(defs);
     snprintf(path, sizeof path, "/api/definitions/%s", imp.vhost);
-    code = http(h, "POST", path, h_path(h, "defs-2s.json"), NULL);
+    code = h_http(h, "POST", path, h_path(h, "defs-2s.json"), NULL);
     assert_true(code == 201 || code == 204);
 
     /* amqp://guest:guest@127.0.0.1:PORT/%2f -> .../<vhost> */
@@ -419,9 +356,9 @@ static void test_import_into_fresh_vhost(void **state) {
     json_decref(st);
 
     snprintf(path, sizeof path, "/api/vhosts/%s", imp.vhost);
-    assert_int_equal(http(h, "DELETE", path, NULL, NULL), 204);
+    assert_int_equal(h_http(h, "DELETE", path, NULL, NULL), 204);
     imp.vhost_made = false;
-    assert_int_equal(http(h, "GET", path, NULL, NULL), 404);
+    assert_int_equal(h_http(h, "GET", path, NULL, NULL), 404);
     h_teardown(h);
 }
 

@@ -116,10 +116,14 @@ static char **build_argv(h_ctx_t *h, bool globals, const char *const *args,
 }
 
 static pid_t spawn(h_ctx_t *h, bool globals, const char *const *args, size_t n_args,
-                   int out_fd, const char *err_file) {
+                   int in_fd, int out_fd, const char *err_file) {
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+    if (in_fd >= 0) {
+        posix_spawn_file_actions_adddup2(&fa, in_fd, 0);
+    } else {
+        posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+    }
     if (out_fd >= 0) {
         posix_spawn_file_actions_adddup2(&fa, out_fd, 1);
     } else {
@@ -149,7 +153,7 @@ static int run_capture(h_ctx_t *h, bool globals, const char *const *args, size_t
     if (fd < 0) {
         die("mkstemp: %s", strerror(errno));
     }
-    pid_t pid = spawn(h, globals, args, n, fd, "cli.log");
+    pid_t pid = spawn(h, globals, args, n, -1, fd, "cli.log");
     int code = h_stop(pid, 0, h_ms(120000));
     if (out && cap > 0) {
         lseek(fd, 0, SEEK_SET);
@@ -192,7 +196,7 @@ pid_t h_spawn_consumer(h_ctx_t *h, const char *log, const char *const *extra) {
     for (size_t i = 0; extra && extra[i] && n < 15; i++) {
         args[n++] = extra[i];
     }
-    return spawn(h, true, args, n, -1, log);
+    return spawn(h, true, args, n, -1, -1, log);
 }
 
 pid_t h_spawn(h_ctx_t *h, const char *log, const char *const *args) {
@@ -200,7 +204,27 @@ pid_t h_spawn(h_ctx_t *h, const char *log, const char *const *args) {
     while (args[n]) {
         n++;
     }
-    return spawn(h, true, args, n, -1, log);
+    return spawn(h, true, args, n, -1, -1, log);
+}
+
+pid_t h_spawn_stdin(h_ctx_t *h, const char *log, const char *const *args, int *stdin_fd) {
+    size_t n = 0;
+    while (args[n]) {
+        n++;
+    }
+    int fds[2];
+    if (pipe(fds) != 0) {
+        die("pipe: %s", strerror(errno));
+    }
+    /* Neither end leaks into later children (a curl, another lapse): the child's stdin
+     * would otherwise stay open after the test closes its end. dup2 onto 0 clears the
+     * flag for the child's copy. */
+    fcntl(fds[0], F_SETFD, FD_CLOEXEC);
+    fcntl(fds[1], F_SETFD, FD_CLOEXEC);
+    pid_t pid = spawn(h, true, args, n, fds[0], -1, log);
+    close(fds[0]);
+    *stdin_fd = fds[1];
+    return pid;
 }
 
 bool h_alive(pid_t pid) {
@@ -754,4 +778,68 @@ int h_node_named(h_ctx_t *h, const char *cmd, const char *node) {
              h->dir);
     int st = system(line);
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+int h_http(h_ctx_t *h, const char *method, const char *path, const char *body_file,
+           const char *body) {
+    const char *base = getenv("LAPSE_TEST_MGMT_URL");
+    if (!base) {
+        die("LAPSE_TEST_MGMT_URL must be set (run through ctest)");
+    }
+    char url[1024], data[PATH_MAX + 8], resp[PATH_MAX + 16], code_path[PATH_MAX + 16];
+    snprintf(url, sizeof url, "%s%s", base, path);
+    /* First: body_file may be h_path's static buffer, which the next lines reuse. */
+    snprintf(data, sizeof data, "@%s", body_file ? body_file : "");
+    snprintf(resp, sizeof resp, "%s", h_path(h, "http.out"));
+    snprintf(code_path, sizeof code_path, "%s", h_path(h, "http.code"));
+    const char *argv[24];
+    size_t n = 0;
+    argv[n++] = "curl";
+    argv[n++] = "-sS";
+    argv[n++] = "--max-time";
+    argv[n++] = "30";
+    argv[n++] = "-u";
+    argv[n++] = "guest:guest";
+    argv[n++] = "-o";
+    argv[n++] = resp;
+    argv[n++] = "-w";
+    argv[n++] = "%{http_code}";
+    argv[n++] = "-X";
+    argv[n++] = method;
+    if (body_file || body) {
+        argv[n++] = "-H";
+        argv[n++] = "content-type: application/json";
+        argv[n++] = "--data-binary";
+        argv[n++] = body_file ? data : body;
+    }
+    argv[n++] = url;
+    argv[n] = NULL;
+
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+    posix_spawn_file_actions_addopen(&fa, 1, code_path, O_WRONLY | O_CREAT | O_TRUNC,
+                                     0644);
+    posix_spawn_file_actions_addopen(&fa, 2, h_path(h, "curl.log"),
+                                     O_WRONLY | O_CREAT | O_APPEND, 0644);
+    pid_t pid;
+    int rc = posix_spawnp(&pid, "curl", &fa, NULL, (char *const *)argv, environ);
+    posix_spawn_file_actions_destroy(&fa);
+    if (rc != 0) {
+        fprintf(stderr, "spawn curl: %s\n", strerror(rc));
+        return -1;
+    }
+    if (h_stop(pid, 0, h_ms(60000)) != 0) {
+        return -1;
+    }
+    int status = -1;
+    FILE *f = fopen(code_path, "r");
+    if (f) {
+        if (fscanf(f, "%d", &status) != 1) {
+            status = -1;
+        }
+        fclose(f);
+    }
+    fprintf(stderr, "http %s %s -> %d\n", method, path, status);
+    return status;
 }

@@ -59,6 +59,10 @@ pid_t h_spawn_consumer(h_ctx_t *h, const char *log, const char *const *extra);
  * flags, e.g. --clock-skew) in the background, stderr into <dir>/<log>. */
 pid_t h_spawn(h_ctx_t *h, const char *log, const char *const *args);
 
+/* The same with stdin a pipe: *stdin_fd receives its write end (close-on-exec, so no
+ * other child holds it open); closing it is the child's end of input. */
+pid_t h_spawn_stdin(h_ctx_t *h, const char *log, const char *const *args, int *stdin_fd);
+
 /* Send sig (0: none) and wait up to timeout_ms. Returns the exit code, 128+signal when
  * killed by a signal, -1 on timeout (the process is then killed). */
 int h_stop(pid_t pid, int sig, int timeout_ms);
@@ -156,6 +160,12 @@ long h_rss_kb(pid_t pid);
 int h_node(h_ctx_t *h, const char *cmd);
 /* The same for node name (a cluster test's nodes). */
 int h_node_named(h_ctx_t *h, const char *cmd, const char *name);
+
+/* The management API ($LAPSE_TEST_MGMT_URL, guest/guest) through the curl command:
+ * method on path with a JSON body from body_file or body (both may be NULL). Returns the
+ * HTTP status (-1 when curl did not run); the response body goes to <dir>/http.out. */
+int h_http(h_ctx_t *h, const char *method, const char *path, const char *body_file,
+           const char *body);
 
 /* Wall clock, ms since the epoch. */
 int64_t h_now_ms(void);
