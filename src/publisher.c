@@ -17,6 +17,7 @@
 #include <string.h>
 
 #define BATCH           500  /* orders per store transaction */
+#define HOLD_MS         20   /* the longest an order waits for its batch to fill */
 #define WINDOW          1000 /* publishes in flight: two batches */
 #define CONFIRM_WAIT_MS 30000
 #define STORE_ATTEMPTS  8
@@ -40,6 +41,7 @@ typedef struct entry {
 typedef struct batch {
     entry_t *e; /* BATCH entries */
     size_t n;
+    int64_t opened_at;  /* when its first order was submitted */
     uint64_t first_tag; /* tag of its first publish on the current connection, 0: none */
     uint64_t last_tag;  /* tag of its last publish */
     size_t *by_offset;  /* tag - first_tag -> entry index */
@@ -436,13 +438,17 @@ lapse_status_t lapse_publisher_submit(lapse_publisher_t *pub,
             e->n_holds++;
         }
     }
-    b->n++;
-    if (b->n == BATCH) {
+    int64_t now = lapse_clock_now_ms();
+    if (b->n++ == 0) {
+        b->opened_at = now;
+    }
+    /* Full, or its first order has waited long enough: a steady trickle of orders must
+     * not wait for a whole batch (their deadlines are already running). */
+    if (b->n == BATCH || now - b->opened_at >= HOLD_MS) {
         return cycle(pub, false, err);
     }
     /* Input may trickle in (a pipe): keep the connection's heartbeats going meanwhile.
      * A failure shows up, and is handled, at the next flush. */
-    int64_t now = lapse_clock_now_ms();
     if (now - pub->polled_at >= 1000) {
         pub->polled_at = now;
         lapse__broker_poll(&pub->broker, 0, NULL);

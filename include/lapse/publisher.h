@@ -49,7 +49,8 @@ LAPSE_API lapse_publisher_t *lapse_publisher_open(const lapse_config_t *cfg,
  * (about 8.5 years) ahead, or an invalid id, is refused through the callback with
  * LAPSE_ERR_INVALID.
  * Batches are recorded in one store transaction and published with pipelined confirms;
- * submit flushes a full batch itself. ref is handed back to the callback.
+ * submit flushes a batch itself once it is full (500) or its first order was submitted
+ * 20 ms ago. ref is handed back to the callback.
  * @return LAPSE_OK, or a failure of the store or broker that stops the publisher (every
  *         order not yet settled was reported to the callback with it).
  */

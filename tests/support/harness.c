@@ -786,7 +786,7 @@ int h_http(h_ctx_t *h, const char *method, const char *path, const char *body_fi
     if (!base) {
         die("LAPSE_TEST_MGMT_URL must be set (run through ctest)");
     }
-    char url[1024], data[PATH_MAX + 8], resp[PATH_MAX + 16], code_path[PATH_MAX + 16];
+    char url[1024], data[PATH_MAX + 8], resp[PATH_MAX + 160], code_path[PATH_MAX + 160];
     snprintf(url, sizeof url, "%s%s", base, path);
     /* First: body_file may be h_path's static buffer, which the next lines reuse. */
     snprintf(data, sizeof data, "@%s", body_file ? body_file : "");
