@@ -337,7 +337,7 @@ lapse_config_t *lapse_config_new(void) {
         {"store", "sqlite:lapse.db"},
         {"prefix", "lapse"},
         {"classes", "30m"},
-        {"prefetch", "500"},
+        {"prefetch", "1000"},
         {"heartbeat", "30"},
         {"queue_type", "classic"},
         {"max_attempts", "10"},

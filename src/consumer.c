@@ -18,7 +18,9 @@ lapse_consumer_t *lapse_consumer_new(const lapse_config_t *cfg, lapse_store_t *s
     }
     c->cfg = cfg;
     c->store = store;
-    c->cap = (size_t)cfg->prefetch;
+    /* Batches of half the prefetch: while one batch is decided, committed and acked, the
+     * broker already sends the next one instead of waiting for the ack. */
+    c->cap = cfg->prefetch > 1 ? (size_t)cfg->prefetch / 2 : 1;
     c->batch = calloc(c->cap, sizeof *c->batch);
     c->items = calloc(c->cap, sizeof *c->items);
     c->item_of = calloc(c->cap, sizeof *c->item_of);

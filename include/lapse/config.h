@@ -29,8 +29,8 @@ LAPSE_API void lapse_config_free(lapse_config_t *cfg);
  * amqp://guest:guest@localhost:5672/%2f) store      sqlite:PATH (default sqlite:lapse.db)
  *   prefix     [A-Za-z0-9_-]{1,48}                (default lapse)
  *   classes    comma-separated durations          (default 30m)
- *   prefetch   1..65535                           (default 500)
- *   heartbeat  seconds, 0..3600                   (default 30)
+ *   prefetch   1..65535: deliveries in flight; the consumer decides them in batches of up
+ * to half (default 1000) heartbeat  seconds, 0..3600                   (default 30)
  *   clock_skew duration with optional '-' sign    (test hook; default 0)
  *   queue_type classic | quorum                   (default classic)
  *   max_attempts 1..1000: failed attempts at a delivery before it is parked

@@ -10,7 +10,7 @@
 static const char usage[] =
     "usage: lapse consume [--prefetch N] [--max-attempts N] [--sweep-every D] "
     "[--grace D]\n"
-    "  --prefetch N      deliveries in flight and the largest batch (default 500)\n"
+    "  --prefetch N      deliveries in flight (default 1000); batches hold up to half\n"
     "  --max-attempts N  a delivery whose cancel keeps failing (store errors) is "
     "retried\n"
     "                    with a growing delay (1 s, 2 s, 4 s, ... at most 5 min) and\n"

@@ -119,7 +119,7 @@ static void test_sigterm_mid_stream_nothing_half_done_nothing_lost(void **state)
     assert_int_equal(code, 0);
     assert_int_equal(h_count_lines(&h, "consumer1.log", "event=stopped"), 1);
     assert_int_equal(done + pending, ORDERS);
-    /* The scenario needs work left over; prefetch 200 makes one batch at most 200. */
+    /* The scenario needs work left over; prefetch 200 makes one batch at most 100. */
     assert_true(pending > 0);
     assert_no_order_half_done(&h);
     /* It finished what it took: every commit it logged is in the store, and the outbox

@@ -56,7 +56,7 @@ static void test_defaults_follow_design(void **state) {
     assert_int_equal(cfg->n_classes, 1);
     assert_string_equal(cfg->classes[0].name, "30m");
     assert_int_equal(cfg->classes[0].ttl_ms, 1800000);
-    assert_string_equal(lapse_config_get(cfg, "prefetch"), "500");
+    assert_string_equal(lapse_config_get(cfg, "prefetch"), "1000");
     assert_string_equal(lapse_config_get(cfg, "heartbeat"), "30");
     assert_string_equal(lapse_config_get(cfg, "clock_skew"), "0");
     assert_int_equal(cfg->clock_skew_ms, 0);
