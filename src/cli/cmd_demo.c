@@ -16,9 +16,10 @@ extern char **environ;
 
 static const char usage[] =
     "usage: lapse demo\n"
-    "Publishes six orders with windows of the two shortest --classes (each at most "
-    "60s),\n"
-    "pays some in time and one too late, runs a consumer, and shows each order lapse.\n"
+    "Publishes seven orders: six with windows of the two shortest --classes (each at "
+    "most\n"
+    "60s) and one 1.5 s longer than the second, which goes down the delay ladder; pays\n"
+    "some in time and one too late, runs a consumer, and shows each order lapse.\n"
     "Needs a declared topology: lapse --classes 5s,8s topology declare.\n";
 
 typedef struct demo_order {
@@ -109,7 +110,7 @@ int cmd_demo(cli_t *cli, int argc, char **argv) {
     if (argc != 1) {
         return cli_usage_error("demo", "unexpected argument '%s'", argv[1]);
     }
-    int64_t windows[2];
+    int64_t windows[3]; /* the two classes, and a window that is no class (the ladder) */
     char classes[256];
     snprintf(classes, sizeof classes, "%s", lapse_config_get(cli->cfg, "classes"));
     size_t n_windows = 0;
@@ -120,6 +121,7 @@ int cmd_demo(cli_t *cli, int argc, char **argv) {
     if (n_windows == 1) {
         windows[n_windows++] = windows[0];
     }
+    windows[2] = windows[1] + 1500;
     if (windows[1] > 60000) {
         return cli_usage_error("demo",
                                "the demo needs classes of at most 60s (got %s); try "
@@ -162,6 +164,12 @@ int cmd_demo(cli_t *cli, int argc, char **argv) {
          .pay_at = -1,
          .pay_late = 0,
          .holds = {"room-204"},
+         .expect = LAPSE_ORDER_CANCELLED},
+        {.name = "concert (ladder)",
+         .cls = 2,
+         .pay_at = -1,
+         .pay_late = 0,
+         .holds = {"row-F-seat-9"},
          .expect = LAPSE_ORDER_CANCELLED},
     };
     size_t n = sizeof orders / sizeof orders[0];
@@ -209,7 +217,9 @@ int cmd_demo(cli_t *cli, int argc, char **argv) {
                                    .created_at_ms = now,
                                    .holds = o->holds,
                                    .n_holds = n_holds};
-        rc = lapse_publisher_submit(pub, &order, o->timeout_ms, i, &err);
+        /* The last window matches no class: an absolute deadline, down the ladder. */
+        rc =
+            lapse_publisher_submit(pub, &order, o->cls == 2 ? 0 : o->timeout_ms, i, &err);
     }
     if (rc == LAPSE_OK) {
         rc = lapse_publisher_flush(pub, &err);
@@ -227,7 +237,7 @@ int cmd_demo(cli_t *cli, int argc, char **argv) {
                orders[i].holds[1] ? ", " : "",
                orders[i].holds[1] ? orders[i].holds[1] : "");
     }
-    int64_t end = windows[1] + 8000;
+    int64_t end = windows[2] + 8000;
     int settled = 0;
     while (elapsed(t0) < end && !settled) {
         for (size_t i = 0; i < n; i++) {
