@@ -302,6 +302,9 @@ size_t lapse__broker_unsettled(const lapse__broker_t *broker) {
 
 lapse_status_t lapse__broker_wait_settled(lapse__broker_t *broker, uint64_t upto_tag,
                                           int64_t timeout_ms, lapse_error_t *err) {
+    if (!broker->conn) {
+        return lapse_error_set(err, LAPSE_ERR_BROKER_CLOSED, "not connected");
+    }
     int64_t waited = 0;
     while (broker->first_open <= upto_tag && broker->first_open < broker->next_tag) {
         if (!broker->open) {

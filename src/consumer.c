@@ -141,22 +141,15 @@ static lapse_status_t collect(lapse_consumer_t *c, lapse_error_t *err) {
         struct timeval tv = {.tv_sec = wait_ms / 1000,
                              .tv_usec = (suseconds_t)((wait_ms % 1000) * 1000)};
         delivery_t *d = &c->batch[c->n];
-        int64_t before = lapse_clock_now_ms();
         amqp_rpc_reply_t r = amqp_consume_message(c->in.conn, &d->env, &tv, 0);
         if (r.reply_type == AMQP_RESPONSE_NORMAL) {
             if (c->n++ == 0) {
                 started = lapse_clock_now_ms();
-                /* Waited for: the queue was empty, so the broker dead-lettered it just
-                 * now, and its x-death time is a fair clock sample (see effective_now).
-                 */
-                c->first_fresh = c->drained && started - before >= CONSUMER_FRESH_WAIT_MS;
             }
             continue;
         }
         if (r.reply_type == AMQP_RESPONSE_LIBRARY_EXCEPTION &&
             r.library_error == AMQP_STATUS_TIMEOUT) {
-            /* Nothing came in a whole idle wait: the queue is empty. */
-            c->drained |= c->n == 0 && wait_ms == CONSUMER_IDLE_WAIT_MS;
             break;
         }
         if (r.reply_type == AMQP_RESPONSE_LIBRARY_EXCEPTION &&
@@ -229,12 +222,18 @@ static int64_t dead_lettered_at_ms(const amqp_basic_properties_t *props) {
  * local_now - T bounds from above how far the local clock is ahead. The smallest such
  * sample of the last minute or two is the bound; once it exceeds the resolution of T,
  * "now" is taken as local_now - bound, which is never later than the broker's now.
- * Only a delivery the consumer was waiting for is sampled: one that waited in a backlog
- * would add its wait to the bound and make on-time messages look early. */
+ * Every delivery is sampled. One that waited in a backlog adds its wait to its sample,
+ * so after a backlog some on-time messages look early and take one more trip down the
+ * ladder: late, never early. (Sampling only deliveries that found the queue empty was
+ * tried and dropped: a batch with no such delivery then had no bound at all, and the
+ * ladder test d caught an order cancelled 2 s early.) */
 static int64_t effective_now(lapse_consumer_t *c, int64_t local_now) {
     skew_t *s = &c->skew;
     if (local_now - s->bucket_at >= CONSUMER_SKEW_BUCKET_MS) {
-        s->previous = s->current;
+        /* A bucket without samples (a long backlog) keeps the last bound known. */
+        if (s->current != INT64_MAX) {
+            s->previous = s->current;
+        }
         s->current = INT64_MAX;
         s->bucket_at = local_now;
     }
@@ -243,12 +242,12 @@ static int64_t effective_now(lapse_consumer_t *c, int64_t local_now) {
         int64_t at = dead_lettered_at_ms(&d->env.message.properties);
         d->undated = at < 0;
         d->attempts = attempts_of(&d->env.message.properties);
-        if (i == 0 && c->first_fresh && at >= 0 && local_now - at < s->current) {
+        if (at >= 0 && local_now - at < s->current) {
             s->current = local_now - at;
         }
     }
-    int64_t bound = s->current < s->previous ? s->current : s->previous;
-    if (bound == INT64_MAX || bound <= CONSUMER_SKEW_TOLERANCE_MS) {
+    int64_t bound = lapse__consumer_skew_bound(c);
+    if (bound == 0) {
         if (c->skew_logged != 0) {
             c->skew_logged = 0;
             lapse__log(c->cfg, LAPSE_LOG_INFO, "event=clock_skew ahead_by_up_to_ms=0");
@@ -263,6 +262,12 @@ static int64_t effective_now(lapse_consumer_t *c, int64_t local_now) {
                    (long long)bound);
     }
     return local_now - bound;
+}
+
+int64_t lapse__consumer_skew_bound(const lapse_consumer_t *c) {
+    int64_t bound =
+        c->skew.current < c->skew.previous ? c->skew.current : c->skew.previous;
+    return bound == INT64_MAX || bound <= CONSUMER_SKEW_TOLERANCE_MS ? 0 : bound;
 }
 
 /* Cancel items (the due ones) in one transaction; a busy store is retried a little. */
@@ -477,7 +482,6 @@ static lapse_status_t connect_all(lapse_consumer_t *c, lapse_error_t *err) {
 static lapse_status_t session(lapse_consumer_t *c, const volatile sig_atomic_t *stop,
                               bool *progress, lapse_error_t *err) {
     lapse_status_t rc = connect_all(c, err);
-    c->drained = false; /* a fresh subscription may start on a backlog */
     if (rc == LAPSE_OK) {
         lapse__log(c->cfg, LAPSE_LOG_INFO, "event=consuming queue=%s prefetch=%d",
                    c->topo.expired_queue, c->cfg->prefetch);
@@ -519,7 +523,7 @@ lapse_status_t lapse_consumer_run(lapse_consumer_t *c, const volatile sig_atomic
             return rc;
         }
         attempt = progress ? 0 : attempt + 1;
-        int64_t delay = lapse__backoff_ms(attempt, 200, 10000);
+        int64_t delay = lapse__backoff_ms(attempt, 200, 5000);
         c->stats.reconnects++;
         char text[sizeof err->text] = "";
         if (err) {

@@ -32,8 +32,6 @@
  * consumer's clock runs ahead of the broker's is only used when it exceeds that plus a
  * margin for delivery latency (otherwise an on-time message would look early). */
 #define CONSUMER_SKEW_TOLERANCE_MS 1250
-/* A first delivery that took this long to arrive found the queue empty. */
-#define CONSUMER_FRESH_WAIT_MS 2
 /* Skew samples are kept for one to two of these, so that a clock step is noticed. */
 #define CONSUMER_SKEW_BUCKET_MS 60000
 
@@ -82,12 +80,14 @@ struct lapse_consumer {
     int64_t backlog_at;    /* next look at the outbox */
     int64_t out_polled_at; /* last heartbeat service of the publishing connection */
     int64_t sweep_at;      /* next sweep (0: at start) */
-    bool drained;          /* this session saw the queue empty */
-    bool first_fresh;      /* the batch's first delivery was waited for (queue empty) */
     skew_t skew;
     int64_t skew_logged; /* last bound logged, to log changes only */
     lapse_consumer_stats_t stats;
 };
+
+/** How far (ms) the local clock may run ahead of the broker's, as learnt from x-death
+ *  times; 0 when within the tolerance or unknown. */
+int64_t lapse__consumer_skew_bound(const lapse_consumer_t *c);
 
 /** Make text one log token: quotes and line breaks become apostrophes. */
 void lapse__consumer_sanitize(char *text);

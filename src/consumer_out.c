@@ -286,6 +286,16 @@ static void sweep(lapse_consumer_t *c, int64_t now) {
     lapse_sweep_opts_init(&opts);
     opts.grace_ms = c->cfg->sweep_grace_ms;
     opts.max_orders = CONSUMER_SWEEP_CHUNK;
+    /* The sweep cancels by this host's clock: when it may run ahead by more than the
+     * grace, direct cancelling could be early, so only the re-publish part runs. */
+    int64_t skew = lapse__consumer_skew_bound(c);
+    if (skew >= opts.grace_ms) {
+        opts.cancel = false;
+        lapse__log(
+            c->cfg, LAPSE_LOG_WARN,
+            "event=sweep_cancel_skipped clock_ahead_by_up_to_ms=%lld grace_ms=%lld",
+            (long long)skew, (long long)opts.grace_ms);
+    }
     lapse_sweep_report_t report;
     lapse_error_t err = {0};
     lapse_status_t rc = lapse_sweep_run(c->cfg, c->store, &opts, &report, &err);

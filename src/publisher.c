@@ -33,7 +33,8 @@ typedef struct entry {
     char **holds;
     size_t n_holds;
     uint64_t ref;
-    uint64_t tag; /* publish tag on the current connection, 0 when not published */
+    uint64_t tag; /* publish tag on its connection, 0 when not published */
+    bool pending; /* published, not settled yet */
     lapse_status_t rc;
     char reason[160];
 } entry_t;
@@ -68,9 +69,10 @@ static void on_settle(void *opaque, uint64_t tag, lapse_status_t outcome) {
             continue;
         }
         entry_t *e = &b->e[b->by_offset[tag - b->first_tag]];
-        if (e->tag != tag) {
+        if (e->tag != tag || !e->pending) {
             continue;
         }
+        e->pending = false;
         e->rc = outcome;
         if (outcome != LAPSE_OK) {
             snprintf(e->reason, sizeof e->reason, "%s", lapse_strerror(outcome));
@@ -132,12 +134,12 @@ static void report(lapse_publisher_t *pub, batch_t *b) {
 }
 
 /* Fail every entry of b still waiting to be published or confirmed. */
-static void fail_unsettled(const lapse__broker_t *broker, batch_t *b,
-                           const lapse_error_t *why) {
+static void fail_unsettled(batch_t *b, const lapse_error_t *why) {
     for (size_t i = 0; i < b->n; i++) {
         entry_t *e = &b->e[i];
-        bool unsettled = e->tag == 0 || (broker->open && e->tag >= broker->first_open);
+        bool unsettled = e->tag == 0 || e->pending;
         if ((e->rc == LAPSE_OK && unsettled) || e->rc == LAPSE_ERR_BROKER_CLOSED) {
+            e->pending = false;
             e->rc = why->code;
             snprintf(e->reason, sizeof e->reason, "%s", why->text);
         }
@@ -236,10 +238,12 @@ static lapse_status_t publish(lapse_publisher_t *pub, batch_t *b, lapse_error_t 
         b->by_offset[tag - b->first_tag] = i;
         b->last_tag = tag;
         e->tag = tag;
+        e->pending = true;
         rc = lapse__publish_route(&pub->broker, &pub->topo, e->cls, &msg,
                                   lapse_clock_now_ms(), NULL, err);
         if (rc != LAPSE_OK) {
             e->tag = 0;
+            e->pending = false;
             b->last_tag = tag - 1;
             if (!lapse_status_is_retriable(rc)) {
                 e->rc = rc; /* this order's own problem (e.g. too far ahead) */
@@ -277,16 +281,24 @@ static lapse_status_t recover(lapse_publisher_t *pub, lapse_status_t why,
         if (rc == LAPSE_OK) {
             rc = publish(pub, &pub->b[pub->cur], err);
         }
-        if (rc == LAPSE_OK || !lapse_status_is_retriable(rc)) {
+        if (rc == LAPSE_OK) {
             return rc;
         }
+        if (!lapse_status_is_retriable(rc)) {
+            break;
+        }
     }
+    /* Giving up: whatever is still unconfirmed is reported as lost with the connection.
+     */
+    lapse__broker_close(&pub->broker);
     return rc;
 }
 
 /* Wait until every publish of b is settled, reconnecting and re-sending as needed. */
 static lapse_status_t settle(lapse_publisher_t *pub, batch_t *b, lapse_error_t *err) {
-    for (;;) {
+    /* Bounded: a broker that takes connections but never confirms (an alarm, a quorum
+     * queue without its majority) must end in a failure, not in a loop. */
+    for (unsigned round = 0;; round++) {
         lapse_status_t rc = b->first_tag == 0
                                 ? LAPSE_OK
                                 : lapse__broker_wait_settled(&pub->broker, b->last_tag,
@@ -301,7 +313,9 @@ static lapse_status_t settle(lapse_publisher_t *pub, batch_t *b, lapse_error_t *
         if (rc == LAPSE_OK) {
             rc = lapse_error_set(err, LAPSE_ERR_BROKER_CLOSED, "connection lost");
         }
-        if (!lapse_status_is_retriable(rc) && rc != LAPSE_ERR_BROKER_CLOSED) {
+        if ((!lapse_status_is_retriable(rc) && rc != LAPSE_ERR_BROKER_CLOSED) ||
+            round == RECOVER_TRIES) {
+            lapse__broker_close(&pub->broker); /* the unconfirmed become BROKER_CLOSED */
             return rc;
         }
         rc = recover(pub, rc, err);
@@ -365,8 +379,8 @@ static lapse_status_t cycle(lapse_publisher_t *pub, bool all, lapse_error_t *err
             lapse_error_t why = {.code = src};
             snprintf(why.text, sizeof why.text, "%s",
                      err ? err->text : lapse_strerror(src));
-            fail_unsettled(&pub->broker, prev, &why);
-            fail_unsettled(&pub->broker, cur, &why);
+            fail_unsettled(prev, &why);
+            fail_unsettled(cur, &why);
         }
         complete(pub, prev);
         pub->in_flight = false;
@@ -383,7 +397,7 @@ static lapse_status_t cycle(lapse_publisher_t *pub, bool all, lapse_error_t *err
                 lapse_error_t why = {.code = lrc};
                 snprintf(why.text, sizeof why.text, "%s",
                          err ? err->text : lapse_strerror(lrc));
-                fail_unsettled(&pub->broker, cur, &why);
+                fail_unsettled(cur, &why);
             }
             complete(pub, cur);
             pub->in_flight = false;
@@ -464,12 +478,18 @@ void lapse_publisher_close(lapse_publisher_t *pub) {
     if (!pub) {
         return;
     }
+    /* Orders still held (not flushed, or a flush that stopped early) are reported as not
+     * published: they stay pending and unscheduled for a sweep or a retry. */
+    lapse__broker_close(&pub->broker);
+    lapse_error_t why = {.code = LAPSE_ERR_BROKER_CLOSED};
+    snprintf(why.text, sizeof why.text, "not published: the publisher was closed first");
     for (int k = 0; k < 2; k++) {
-        for (size_t i = 0; pub->b[k].e && i < pub->b[k].n; i++) {
-            free_holds(&pub->b[k].e[i]);
+        batch_t *b = &pub->b[!pub->cur ^ k]; /* the older batch first */
+        if (b->e && b->n > 0) {
+            fail_unsettled(b, &why);
+            report(pub, b);
         }
     }
-    lapse__broker_close(&pub->broker);
     for (int k = 0; k < 2; k++) {
         free(pub->b[k].e);
         free(pub->b[k].by_offset);

@@ -67,7 +67,8 @@ LAPSE_API lapse_status_t lapse_publisher_flush(lapse_publisher_t *pub,
  *  a caller reading slow input flushes when this is > 0 and no input is ready. */
 LAPSE_API size_t lapse_publisher_pending(const lapse_publisher_t *pub);
 
-/** Close the connection; orders not flushed are not published. Accepts NULL. */
+/** Close the connection. Orders not settled yet (not flushed) are reported to the
+ *  callback as LAPSE_ERR_BROKER_CLOSED and stay pending and unscheduled. Accepts NULL. */
 LAPSE_API void lapse_publisher_close(lapse_publisher_t *pub);
 
 #endif

@@ -203,8 +203,13 @@ static int publish_batch(cli_t *cli, const char *path) {
             last_progress = now;
         }
     }
-    if (rc == LAPSE_OK) {
-        rc = lapse_publisher_flush(pub, &err);
+    /* Always settle what was submitted, even after a failure, so that every order is
+     * reported. */
+    lapse_error_t ferr = {0};
+    lapse_status_t frc = lapse_publisher_flush(pub, &ferr);
+    if (rc == LAPSE_OK && frc != LAPSE_OK) {
+        rc = frc;
+        err = ferr;
     }
     if (progress) {
         fputc('\n', stderr);
