@@ -144,7 +144,7 @@ static void test_broker_killed_while_orders_are_held(void **state) {
      * nothing left on the broker, nothing moving for 3 s and past every deadline plus
      * the sweep's grace (the rest was lost in flight). */
     int64_t until = h_now_ms() + h_ms(60000);
-    int64_t last_count = -1, last_change = h_now_ms();
+    int64_t last_count = -1, last_change = h_now_ms(), resubscribed_at = 0;
     for (;;) {
         int64_t n = h_sql_int(&h, "SELECT count(*) FROM orders WHERE status='cancelled'");
         int64_t now = h_now_ms();
@@ -155,11 +155,15 @@ static void test_broker_killed_while_orders_are_held(void **state) {
         if (n == unpaid || now > until) {
             break;
         }
-        /* Settled: the consumer is subscribed again (it may still be in its reconnect
-         * backoff when the node is back), nothing moved for 3 s, and the queues are
-         * empty (a quorum queue does not count messages waiting to be dead-lettered,
-         * hence the first two conditions). */
-        if (h_count_lines(&h, "consumer.log", "event=consuming") >= 2 &&
+        /* Settled: the consumer has been subscribed again for 3 s (it may still be in
+         * its reconnect backoff when the node is back, and deliveries it holds unacked
+         * are not in the queue counts), nothing moved for 3 s, and the queues are empty
+         * (a quorum queue does not count messages waiting to be dead-lettered). */
+        if (resubscribed_at == 0 &&
+            h_count_lines(&h, "consumer.log", "event=consuming") >= 2) {
+            resubscribed_at = now;
+        }
+        if (resubscribed_at != 0 && now - resubscribed_at > 3000 &&
             now - last_change > 3000 && now > last_deadline + 2500 &&
             h_topology_depth(&h, conn) == 0) {
             break;
