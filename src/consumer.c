@@ -184,39 +184,6 @@ static int attempts_of(const amqp_basic_properties_t *props) {
     return 0;
 }
 
-/* The latest time the broker dead-lettered the message (its own clock, whole seconds),
- * or -1 when it never did: published straight into the expired exchange. */
-static int64_t dead_lettered_at_ms(const amqp_basic_properties_t *props) {
-    if (!(props->_flags & AMQP_BASIC_HEADERS_FLAG)) {
-        return -1;
-    }
-    int64_t latest = -1;
-    for (int i = 0; i < props->headers.num_entries; i++) {
-        const amqp_table_entry_t *h = &props->headers.entries[i];
-        if (h->key.len != 7 || memcmp(h->key.bytes, "x-death", 7) != 0 ||
-            h->value.kind != AMQP_FIELD_KIND_ARRAY) {
-            continue;
-        }
-        const amqp_array_t *deaths = &h->value.value.array;
-        for (int j = 0; j < deaths->num_entries; j++) {
-            if (deaths->entries[j].kind != AMQP_FIELD_KIND_TABLE) {
-                continue;
-            }
-            const amqp_table_t *death = &deaths->entries[j].value.table;
-            for (int k = 0; k < death->num_entries; k++) {
-                const amqp_table_entry_t *f = &death->entries[k];
-                if (f->key.len == 4 && memcmp(f->key.bytes, "time", 4) == 0 &&
-                    f->value.kind == AMQP_FIELD_KIND_TIMESTAMP &&
-                    f->value.value.u64 < (uint64_t)INT64_MAX / 1000 &&
-                    (int64_t)f->value.value.u64 * 1000 > latest) {
-                    latest = (int64_t)f->value.value.u64 * 1000;
-                }
-            }
-        }
-    }
-    return latest;
-}
-
 /* Never early, even with a local clock that runs ahead of the broker's: a message the
  * broker dead-lettered at broker time T (x-death) is received at broker time >= T, so
  * local_now - T bounds from above how far the local clock is ahead. The smallest such
@@ -239,11 +206,11 @@ static int64_t effective_now(lapse_consumer_t *c, int64_t local_now) {
     }
     for (size_t i = 0; i < c->n; i++) {
         delivery_t *d = &c->batch[i];
-        int64_t at = dead_lettered_at_ms(&d->env.message.properties);
+        int64_t at = lapse__dead_lettered_at_ms(&d->env.message.properties);
         d->undated = at < 0;
         d->attempts = attempts_of(&d->env.message.properties);
-        if (at >= 0 && local_now - at < s->current) {
-            s->current = local_now - at;
+        if (at >= 0) {
+            lapse__consumer_skew_sample(c, local_now - at);
         }
     }
     int64_t bound = lapse__consumer_skew_bound(c);
@@ -465,6 +432,7 @@ static lapse_status_t connect_all(lapse_consumer_t *c, lapse_error_t *err) {
         rc = lapse__broker_open(&c->in, c->cfg, c->name, 0, NULL, NULL, err);
     }
     if (rc == LAPSE_OK) {
+        lapse__consumer_probe_clock(c);
         amqp_basic_qos(c->in.conn, LAPSE__CHANNEL, 0, (uint16_t)c->cfg->prefetch, 0);
         rc =
             lapse__broker_reply(&c->in, amqp_get_rpc_reply(c->in.conn), "basic.qos", err);

@@ -89,6 +89,16 @@ struct lapse_consumer {
  *  times; 0 when within the tolerance or unknown. */
 int64_t lapse__consumer_skew_bound(const lapse_consumer_t *c);
 
+/** The latest x-death time of a message (broker clock, whole seconds, in ms), or -1
+ *  when it was never dead-lettered. */
+int64_t lapse__dead_lettered_at_ms(const amqp_basic_properties_t *props);
+
+/** Add one upper bound (local_now - a broker time seen at or before it) to the skew. */
+void lapse__consumer_skew_sample(lapse_consumer_t *c, int64_t sample);
+
+/** On the consuming connection before basic.consume: probe the broker's clock. */
+void lapse__consumer_probe_clock(lapse_consumer_t *c);
+
 /** Make text one log token: quotes and line breaks become apostrophes. */
 void lapse__consumer_sanitize(char *text);
 
