@@ -28,34 +28,42 @@ static bool every_twentieth(int i) {
     return i % 20 == 0;
 }
 
-/* A child that takes the write lock, says so on the pipe, holds it hold_ms, exits. */
+/* Another process (the sqlite3 shell) takes the write lock, says so on the pipe, holds
+ * it hold_ms and exits. It is exec'd at once: this test runs a watcher thread, and a
+ * forked child that used SQLite or malloc could deadlock on a lock that thread held
+ * (it did, under ASan). Everything the child needs is prepared before the fork. */
 static pid_t lock_store(h_ctx_t *h, int hold_ms) {
     int fds[2];
     assert_int_equal(pipe(fds), 0);
+    char sleep_cmd[64];
+    snprintf(sleep_cmd, sizeof sleep_cmd, ".shell sleep %d.%03d", hold_ms / 1000,
+             hold_ms % 1000);
+    /* -bail: if the lock cannot be taken, nothing is said; ".shell echo" says it at
+     * once (the shell's own output to a pipe would wait in its buffer). */
+    const char *argv[] = {"sqlite3",
+                          "-bail",
+                          "-cmd",
+                          ".timeout 10000",
+                          h->db_path,
+                          "BEGIN EXCLUSIVE;",
+                          ".shell echo locked",
+                          sleep_cmd,
+                          "ROLLBACK;",
+                          NULL};
     fflush(NULL);
     pid_t pid = fork();
     assert_true(pid >= 0);
     if (pid == 0) {
         close(fds[0]);
-        sqlite3 *db = NULL;
-        char ok = 0;
-        if (sqlite3_open_v2(h->db_path, &db, SQLITE_OPEN_READWRITE, NULL) == SQLITE_OK) {
-            sqlite3_busy_timeout(db, 10000);
-            ok = sqlite3_exec(db, "BEGIN EXCLUSIVE", NULL, NULL, NULL) == SQLITE_OK;
-        }
-        if (write(fds[1], &ok, 1) != 1 || !ok) {
-            _exit(1);
-        }
-        usleep((useconds_t)hold_ms * 1000);
-        sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);
-        sqlite3_close(db);
-        _exit(0);
+        dup2(fds[1], STDOUT_FILENO);
+        execvp(argv[0], (char *const *)argv);
+        _exit(127);
     }
     close(fds[1]);
-    char ok = 0;
-    assert_int_equal(read(fds[0], &ok, 1), 1);
+    char said[8] = "";
+    assert_true(read(fds[0], said, 6) == 6);
     close(fds[0]);
-    assert_int_equal(ok, 1);
+    assert_memory_equal(said, "locked", 6);
     return pid;
 }
 
