@@ -5,6 +5,7 @@
 #include <lapse/message.h>
 
 #include <amqp.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -256,73 +257,129 @@ static lapse_status_t set_clock_skew(lapse_config_t *cfg, const char *value,
     return LAPSE_OK;
 }
 
+static lapse_status_t set_queue_type(lapse_config_t *cfg, const char *value,
+                                     lapse_error_t *err) {
+    if (strcmp(value, "classic") != 0 && strcmp(value, "quorum") != 0) {
+        return lapse_error_set(err, LAPSE_ERR_CONFIG_VALUE,
+                               "queue type \"%s\" is not classic or quorum", value);
+    }
+    cfg->quorum = strcmp(value, "quorum") == 0;
+    return LAPSE_OK;
+}
+
+/*
+ * The property table (librdkafka's rdkafka_conf.c is the model): every property once,
+ * with its environment variable, its default and how it is parsed and shown. set, get,
+ * the defaults of lapse_config_new and lapse_config_from_env all walk this table, so a
+ * property is added by adding a row (and its field in config_int.h).
+ *
+ * A row is one of these kinds:
+ *  PROP_CUSTOM  set/show by the functions named in the row (text kept in a char field);
+ *  PROP_INT     a decimal integer in [lo, hi], stored in an int field;
+ *  PROP_SPAN    a duration or "0", stored in an int64_t field (ms).
+ */
+typedef enum prop_kind { PROP_CUSTOM, PROP_INT, PROP_SPAN } prop_kind_t;
+
+typedef struct prop {
+    const char *name;
+    const char *env; /* variable read by lapse_config_from_env; NULL: none */
+    const char *def; /* applied by lapse_config_new; NULL: none */
+    prop_kind_t kind;
+    size_t field;     /* offsetof the value in lapse_config_t */
+    long lo, hi;      /* PROP_INT range */
+    const char *unit; /* PROP_INT: what the number counts, for the error text */
+    lapse_status_t (*set)(lapse_config_t *cfg, const char *value, lapse_error_t *err);
+    const char *(*show)(const lapse_config_t *cfg); /* PROP_CUSTOM without a text field */
+} prop_t;
+
+static const char *show_queue_type(const lapse_config_t *cfg) {
+    return cfg->quorum ? "quorum" : "classic";
+}
+
+#define FIELD(f) offsetof(lapse_config_t, f)
+
+static const prop_t props[] = {
+    /* name, env, default, kind, field, lo, hi, unit, set, show */
+    {"amqp_url", "LAPSE_AMQP_URL", DEFAULT_AMQP_URL, PROP_CUSTOM, FIELD(amqp_url), 0, 0,
+     NULL, set_amqp_url, NULL},
+    {"store", "LAPSE_STORE", "sqlite:lapse.db", PROP_CUSTOM, FIELD(store), 0, 0, NULL,
+     set_store, NULL},
+    {"prefix", "LAPSE_PREFIX", "lapse", PROP_CUSTOM, FIELD(prefix), 0, 0, NULL,
+     set_prefix, NULL},
+    {"classes", "LAPSE_CLASSES", "30m", PROP_CUSTOM, FIELD(classes_text), 0, 0, NULL,
+     set_classes, NULL},
+    {"queue_type", "LAPSE_QUEUE_TYPE", "classic", PROP_CUSTOM, 0, 0, 0, NULL,
+     set_queue_type, show_queue_type},
+    {"heartbeat", "LAPSE_HEARTBEAT", "30", PROP_INT, FIELD(heartbeat), 0, 3600,
+     "a number of seconds", NULL, NULL},
+    /* AMQP's basic.qos prefetch-count is a short; 0 would mean unlimited. */
+    {"prefetch", "LAPSE_PREFETCH", "1000", PROP_INT, FIELD(prefetch), 1, 65535,
+     "an integer", NULL, NULL},
+    {"max_attempts", "LAPSE_MAX_ATTEMPTS", "10", PROP_INT, FIELD(max_attempts), 1, 1000,
+     "an integer", NULL, NULL},
+    {"sweep_every", "LAPSE_SWEEP_EVERY", "60s", PROP_SPAN, FIELD(sweep_every_ms), 0, 0,
+     NULL, NULL, NULL},
+    {"sweep_grace", "LAPSE_GRACE", "60s", PROP_SPAN, FIELD(sweep_grace_ms), 0, 0, NULL,
+     NULL, NULL},
+    {"sweep_in_flight", "LAPSE_IN_FLIGHT", "30s", PROP_SPAN, FIELD(sweep_in_flight_ms), 0,
+     0, NULL, NULL, NULL},
+    /* A test hook with a process-wide side effect (the clock), so it has no variable and
+     * no default: a new config must not reset a skew another config set. */
+    {"clock_skew", NULL, NULL, PROP_SPAN, FIELD(clock_skew_ms), 0, 0, NULL,
+     set_clock_skew, NULL},
+};
+
+#undef FIELD
+
+static const prop_t *find_prop(const char *name) {
+    for (size_t i = 0; name != NULL && i < sizeof props / sizeof props[0]; i++) {
+        if (strcmp(props[i].name, name) == 0) {
+            return &props[i];
+        }
+    }
+    return NULL;
+}
+
+static lapse_status_t set_int(const prop_t *p, lapse_config_t *cfg, const char *value,
+                              lapse_error_t *err) {
+    int v = 0;
+    if (!parse_int_range(value, p->lo, p->hi, &v)) {
+        return lapse_error_set(err, LAPSE_ERR_CONFIG_VALUE,
+                               "%s \"%s\" is not %s in %ld..%ld", p->name, value, p->unit,
+                               p->lo, p->hi);
+    }
+    memcpy((char *)cfg + p->field, &v, sizeof v);
+    return LAPSE_OK;
+}
+
+static lapse_status_t set_span(const prop_t *p, lapse_config_t *cfg, const char *value,
+                               lapse_error_t *err) {
+    int64_t ms = 0;
+    if (strcmp(value, "0") != 0 && lapse_duration_parse(value, &ms) != LAPSE_OK) {
+        return lapse_error_set(err, LAPSE_ERR_CONFIG_DURATION,
+                               "%s \"%s\" is not a duration (e.g. 60s) or 0", p->name,
+                               value);
+    }
+    memcpy((char *)cfg + p->field, &ms, sizeof ms);
+    return LAPSE_OK;
+}
+
 lapse_status_t lapse_config_set(lapse_config_t *cfg, const char *name, const char *value,
                                 lapse_error_t *err) {
     lapse_error_clear(err);
     if (cfg == NULL || name == NULL || value == NULL) {
         return lapse_error_set(err, LAPSE_ERR_INVALID, "no config, property or value");
     }
-    if (strcmp(name, "amqp_url") == 0) {
-        return set_amqp_url(cfg, value, err);
+    const prop_t *p = find_prop(name);
+    if (p == NULL) {
+        return lapse_error_set(err, LAPSE_ERR_CONFIG_UNKNOWN, "unknown property \"%s\"",
+                               name);
     }
-    if (strcmp(name, "store") == 0) {
-        return set_store(cfg, value, err);
+    if (p->set != NULL) {
+        return p->set(cfg, value, err);
     }
-    if (strcmp(name, "prefix") == 0) {
-        return set_prefix(cfg, value, err);
-    }
-    if (strcmp(name, "classes") == 0) {
-        return set_classes(cfg, value, err);
-    }
-    if (strcmp(name, "prefetch") == 0) {
-        /* AMQP's basic.qos prefetch-count is a short; 0 would mean unlimited. */
-        if (!parse_int_range(value, 1, 65535, &cfg->prefetch)) {
-            return lapse_error_set(err, LAPSE_ERR_CONFIG_VALUE,
-                                   "prefetch \"%s\" is not an integer in 1..65535",
-                                   value);
-        }
-        return LAPSE_OK;
-    }
-    if (strcmp(name, "heartbeat") == 0) {
-        if (!parse_int_range(value, 0, 3600, &cfg->heartbeat)) {
-            return lapse_error_set(
-                err, LAPSE_ERR_CONFIG_VALUE,
-                "heartbeat \"%s\" is not a number of seconds in 0..3600", value);
-        }
-        return LAPSE_OK;
-    }
-    if (strcmp(name, "clock_skew") == 0) {
-        return set_clock_skew(cfg, value, err);
-    }
-    if (strcmp(name, "queue_type") == 0) {
-        if (strcmp(value, "classic") != 0 && strcmp(value, "quorum") != 0) {
-            return lapse_error_set(err, LAPSE_ERR_CONFIG_VALUE,
-                                   "queue type \"%s\" is not classic or quorum", value);
-        }
-        cfg->quorum = strcmp(value, "quorum") == 0;
-        return LAPSE_OK;
-    }
-    if (strcmp(name, "sweep_every") == 0 || strcmp(name, "sweep_grace") == 0) {
-        int64_t ms = 0;
-        if (strcmp(value, "0") != 0 && lapse_duration_parse(value, &ms) != LAPSE_OK) {
-            return lapse_error_set(err, LAPSE_ERR_CONFIG_DURATION,
-                                   "%s \"%s\" is not a duration (e.g. 60s) or 0", name,
-                                   value);
-        }
-        *(strcmp(name, "sweep_every") == 0 ? &cfg->sweep_every_ms
-                                           : &cfg->sweep_grace_ms) = ms;
-        return LAPSE_OK;
-    }
-    if (strcmp(name, "max_attempts") == 0) {
-        if (!parse_int_range(value, 1, 1000, &cfg->max_attempts)) {
-            return lapse_error_set(err, LAPSE_ERR_CONFIG_VALUE,
-                                   "max_attempts \"%s\" is not an integer in 1..1000",
-                                   value);
-        }
-        return LAPSE_OK;
-    }
-    return lapse_error_set(err, LAPSE_ERR_CONFIG_UNKNOWN, "unknown property \"%s\"",
-                           name);
+    return p->kind == PROP_INT ? set_int(p, cfg, value, err)
+                               : set_span(p, cfg, value, err);
 }
 
 lapse_config_t *lapse_config_new(void) {
@@ -330,22 +387,10 @@ lapse_config_t *lapse_config_new(void) {
     if (cfg == NULL) {
         return NULL;
     }
-    /* Defaults go through the setters so they are parsed exactly like user input. They do
-     * not touch clock_skew: a new config must not reset a skew another config set. */
-    static const char *const defaults[][2] = {
-        {"amqp_url", DEFAULT_AMQP_URL},
-        {"store", "sqlite:lapse.db"},
-        {"prefix", "lapse"},
-        {"classes", "30m"},
-        {"prefetch", "1000"},
-        {"heartbeat", "30"},
-        {"queue_type", "classic"},
-        {"max_attempts", "10"},
-        {"sweep_every", "60s"},
-        {"sweep_grace", "60s"},
-    };
-    for (size_t i = 0; i < sizeof defaults / sizeof defaults[0]; i++) {
-        if (lapse_config_set(cfg, defaults[i][0], defaults[i][1], NULL) != LAPSE_OK) {
+    /* Defaults go through the setters so they are parsed exactly like user input. */
+    for (size_t i = 0; i < sizeof props / sizeof props[0]; i++) {
+        if (props[i].def != NULL &&
+            lapse_config_set(cfg, props[i].name, props[i].def, NULL) != LAPSE_OK) {
             free(cfg);
             return NULL;
         }
@@ -362,24 +407,20 @@ lapse_status_t lapse_config_from_env(lapse_config_t *cfg, lapse_error_t *err) {
     if (cfg == NULL) {
         return lapse_error_set(err, LAPSE_ERR_INVALID, "no config");
     }
-    static const char *const vars[][2] = {
-        {"LAPSE_AMQP_URL", "amqp_url"},     {"LAPSE_STORE", "store"},
-        {"LAPSE_PREFIX", "prefix"},         {"LAPSE_CLASSES", "classes"},
-        {"LAPSE_QUEUE_TYPE", "queue_type"},
-    };
     /* All or nothing, like lapse_config_set: apply to a copy, keep it only if every
-     * variable was valid. None of these properties has a side effect outside cfg. */
+     * variable was valid. Only clock_skew has a side effect outside cfg, and it has no
+     * variable. */
     lapse_config_t next = *cfg;
-    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
-        const char *value = getenv(vars[i][0]);
+    for (size_t i = 0; i < sizeof props / sizeof props[0]; i++) {
+        const char *value = props[i].env != NULL ? getenv(props[i].env) : NULL;
         /* An empty variable counts as unset, as shells and compose files produce them. */
         if (value == NULL || value[0] == '\0') {
             continue;
         }
         lapse_error_t detail;
-        lapse_status_t rc = lapse_config_set(&next, vars[i][1], value, &detail);
+        lapse_status_t rc = lapse_config_set(&next, props[i].name, value, &detail);
         if (rc != LAPSE_OK) {
-            return lapse_error_set(err, rc, "%s: %s", vars[i][0], detail.text);
+            return lapse_error_set(err, rc, "%s: %s", props[i].env, detail.text);
         }
     }
     *cfg = next;
@@ -387,60 +428,50 @@ lapse_status_t lapse_config_from_env(lapse_config_t *cfg, lapse_error_t *err) {
 }
 
 const char *lapse_config_get(const lapse_config_t *cfg, const char *name) {
-    if (cfg == NULL || name == NULL) {
+    const prop_t *p = find_prop(name);
+    if (cfg == NULL || p == NULL) {
         return NULL;
     }
-    if (strcmp(name, "amqp_url") == 0) {
-        return cfg->amqp_url;
+    if (p->show != NULL) {
+        return p->show(cfg);
     }
-    if (strcmp(name, "store") == 0) {
-        return cfg->store;
-    }
-    if (strcmp(name, "prefix") == 0) {
-        return cfg->prefix;
-    }
-    if (strcmp(name, "classes") == 0) {
-        return cfg->classes_text;
+    const char *field = (const char *)cfg + p->field;
+    if (p->kind == PROP_CUSTOM) {
+        return field;
     }
     /* Numbers are formatted on demand into the config's scratch buffer. The config is
      * always heap-allocated by lapse_config_new, so writing through the cast is defined;
      * the const only promises that no property changes. */
     char *scratch = ((lapse_config_t *)cfg)->scratch;
     size_t cap = sizeof cfg->scratch;
-    if (strcmp(name, "prefetch") == 0) {
-        snprintf(scratch, cap, "%d", cfg->prefetch);
+    if (p->kind == PROP_INT) {
+        int v;
+        memcpy(&v, field, sizeof v);
+        snprintf(scratch, cap, "%d", v);
         return scratch;
     }
-    if (strcmp(name, "heartbeat") == 0) {
-        snprintf(scratch, cap, "%d", cfg->heartbeat);
-        return scratch;
+    int64_t ms;
+    memcpy(&ms, field, sizeof ms);
+    if (ms == 0) {
+        snprintf(scratch, cap, "0");
+    } else {
+        lapse_duration_format(ms, scratch, cap);
     }
-    if (strcmp(name, "queue_type") == 0) {
-        return cfg->quorum ? "quorum" : "classic";
-    }
-    if (strcmp(name, "max_attempts") == 0) {
-        snprintf(scratch, cap, "%d", cfg->max_attempts);
-        return scratch;
-    }
-    if (strcmp(name, "sweep_every") == 0 || strcmp(name, "sweep_grace") == 0) {
-        int64_t ms =
-            strcmp(name, "sweep_every") == 0 ? cfg->sweep_every_ms : cfg->sweep_grace_ms;
-        if (ms == 0) {
-            snprintf(scratch, cap, "0");
-        } else {
-            lapse_duration_format(ms, scratch, cap);
-        }
-        return scratch;
-    }
-    if (strcmp(name, "clock_skew") == 0) {
-        if (cfg->clock_skew_ms == 0) {
-            snprintf(scratch, cap, "0");
-        } else {
-            lapse_duration_format(cfg->clock_skew_ms, scratch, cap);
-        }
-        return scratch;
-    }
-    return NULL;
+    return scratch;
+}
+
+const char *lapse_config_property_name(size_t i) {
+    return i < sizeof props / sizeof props[0] ? props[i].name : NULL;
+}
+
+const char *lapse_config_property_env(const char *name) {
+    const prop_t *p = find_prop(name);
+    return p != NULL ? p->env : NULL;
+}
+
+const char *lapse_config_property_default(const char *name) {
+    const prop_t *p = find_prop(name);
+    return p != NULL ? p->def : NULL;
 }
 
 void lapse_config_set_log_cb(lapse_config_t *cfg, lapse_log_cb cb, void *opaque) {

@@ -285,6 +285,7 @@ static void sweep(lapse_consumer_t *c, int64_t now) {
     lapse_sweep_opts_t opts;
     lapse_sweep_opts_init(&opts);
     opts.grace_ms = c->cfg->sweep_grace_ms;
+    opts.in_flight_ms = c->cfg->sweep_in_flight_ms;
     opts.max_orders = CONSUMER_SWEEP_CHUNK;
     /* The sweep cancels by this host's clock: when it may run ahead by more than the
      * grace, direct cancelling could be early, so only the re-publish part runs. */

@@ -24,29 +24,47 @@ LAPSE_API lapse_config_t *lapse_config_new(void);
 LAPSE_API void lapse_config_free(lapse_config_t *cfg);
 
 /**
- * Set a property; value is borrowed (copied). Properties:
- *   amqp_url   amqp://user:pass@host:port/vhost   (default
- * amqp://guest:guest@localhost:5672/%2f) store      sqlite:PATH (default sqlite:lapse.db)
- *   prefix     [A-Za-z0-9_-]{1,48}                (default lapse)
- *   classes    comma-separated durations          (default 30m)
- *   prefetch   1..65535: deliveries in flight; the consumer decides them in batches of up
- * to half (default 1000) heartbeat  seconds, 0..3600                   (default 30)
- *   clock_skew duration with optional '-' sign    (test hook; default 0)
- *   queue_type classic | quorum                   (default classic)
+ * Set a property; value is borrowed (copied). Properties (environment variable, default):
+ *   amqp_url     amqp://user:pass@host:port/vhost   (LAPSE_AMQP_URL,
+ *                                    amqp://guest:guest@localhost:5672/%2f)
+ *   store        sqlite:PATH                        (LAPSE_STORE, sqlite:lapse.db)
+ *   prefix       [A-Za-z0-9_-]{1,48}                (LAPSE_PREFIX, lapse)
+ *   classes      comma-separated durations          (LAPSE_CLASSES, 30m)
+ *   queue_type   classic | quorum                   (LAPSE_QUEUE_TYPE, classic)
+ *   heartbeat    seconds, 0..3600                   (LAPSE_HEARTBEAT, 30)
+ *   prefetch     1..65535: deliveries in flight; the consumer decides them in batches of
+ *                up to half                         (LAPSE_PREFETCH, 1000)
  *   max_attempts 1..1000: failed attempts at a delivery before it is parked
- *                                                 (default 10)
+ *                                                   (LAPSE_MAX_ATTEMPTS, 10)
  *   sweep_every  duration or 0: the consumer's sweep (at start and then this often;
- *                0 never)                         (default 60s)
+ *                0 never)                           (LAPSE_SWEEP_EVERY, 60s)
  *   sweep_grace  duration or 0: how long after its deadline a pending order is
- *                cancelled directly by that sweep (default 60s)
- * @return LAPSE_OK or LAPSE_ERR_CONFIG_* with err describing the value.
+ *                cancelled directly by a sweep      (LAPSE_GRACE, 60s)
+ *   sweep_in_flight duration or 0: a sweep publishes again only orders recorded longer
+ *                ago than this                      (LAPSE_IN_FLIGHT, 30s)
+ *   clock_skew   duration with optional '-' sign    (test hook: no variable; 0)
+ * lapse_config_property_name() lists them.
+ * @return LAPSE_OK or LAPSE_ERR_CONFIG_* with err describing the value (the value of
+ *         amqp_url and store is never repeated in err: it may hold a password).
  */
 LAPSE_API lapse_status_t lapse_config_set(lapse_config_t *cfg, const char *name,
                                           const char *value, lapse_error_t *err);
 
-/** Apply LAPSE_AMQP_URL, LAPSE_STORE, LAPSE_PREFIX, LAPSE_CLASSES, LAPSE_QUEUE_TYPE when
- *  set. */
+/** Apply the environment variable of every property that has one (see above), when set
+ *  and not empty. All or nothing: on failure cfg is unchanged and err names the
+ *  variable. */
 LAPSE_API lapse_status_t lapse_config_from_env(lapse_config_t *cfg, lapse_error_t *err);
+
+/** The i-th property name (0, 1, ... until NULL), in a fixed order; static. */
+LAPSE_API const char *lapse_config_property_name(size_t i);
+
+/** The environment variable of a property; static. NULL when it has none or the name is
+ *  unknown. */
+LAPSE_API const char *lapse_config_property_env(const char *name);
+
+/** The default of a property as text, as lapse_config_new() applies it; static. NULL
+ *  when it has none or the name is unknown. */
+LAPSE_API const char *lapse_config_property_default(const char *name);
 
 /** Current value as text; borrowed until the next set/free on cfg. NULL if unknown. */
 LAPSE_API const char *lapse_config_get(const lapse_config_t *cfg, const char *name);
