@@ -6,6 +6,10 @@
 #include <stdio.h>
 #include <string.h>
 
+const char *lapse_version(void) {
+    return LAPSE_VERSION;
+}
+
 /* Each function is a switch generated from the one table, so a duplicated value in the
  * map is a compile error (duplicate case label) rather than a silently shadowed entry. */
 

@@ -118,6 +118,11 @@ static bool has_prefix(const char *s, const char *prefix) {
 }
 
 lapse_store_t *lapse_store_open(const char *uri, lapse_status_t *rc, lapse_error_t *err) {
+    return lapse_store_open_flags(uri, 0, rc, err);
+}
+
+lapse_store_t *lapse_store_open_flags(const char *uri, unsigned flags, lapse_status_t *rc,
+                                      lapse_error_t *err) {
     lapse_status_t ignored;
     if (rc == NULL) {
         rc = &ignored;
@@ -138,7 +143,7 @@ lapse_store_t *lapse_store_open(const char *uri, lapse_status_t *rc, lapse_error
          * that open it at that moment find it locked, briefly. */
         lapse_store_t *store = NULL;
         for (unsigned attempt = 0; attempt < OPEN_ATTEMPTS; attempt++) {
-            store = lapse__store_sqlite_open(path, rc, err);
+            store = lapse__store_sqlite_open(path, flags, rc, err);
             if (store != NULL || *rc != LAPSE_ERR_STORE_BUSY) {
                 break;
             }

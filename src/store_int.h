@@ -98,10 +98,12 @@ struct lapse_store {
 };
 
 /**
- * Open the SQLite backend on path (created if missing).
- * @return new handle, or NULL with *rc and err set (LAPSE_ERR_STORE_OPEN, _BUSY, _NOMEM).
+ * Open the SQLite backend on path; flags as lapse_store_open_flags() (created with mode
+ * 0600 if missing, unless LAPSE_STORE_MUST_EXIST).
+ * @return new handle, or NULL with *rc and err set (LAPSE_ERR_STORE_MISSING, _OPEN,
+ * _BUSY, LAPSE_ERR_NOMEM).
  */
-lapse_store_t *lapse__store_sqlite_open(const char *path, lapse_status_t *rc,
-                                        lapse_error_t *err);
+lapse_store_t *lapse__store_sqlite_open(const char *path, unsigned flags,
+                                        lapse_status_t *rc, lapse_error_t *err);
 
 #endif

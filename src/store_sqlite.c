@@ -1,10 +1,14 @@
 /* SPDX-License-Identifier: MIT
  * The SQLite store backend: WAL file, statements prepared once per handle, CAS writes. */
+#include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <sqlite3.h>
 
@@ -596,17 +600,71 @@ static lapse_status_t apply_schema(sqlite_store_t *s, lapse_error_t *err) {
     return rc;
 }
 
-lapse_store_t *lapse__store_sqlite_open(const char *path, lapse_status_t *rc,
-                                        lapse_error_t *err) {
+/* ":memory:" and "" (a private temporary database) name no file of their own. */
+static bool names_a_file(const char *path) {
+    return path[0] != '\0' && strcmp(path, ":memory:") != 0;
+}
+
+/* SQLite creates a new database file with mode 0644 whatever the umask (its unix VFS
+ * sets SQLITE_DEFAULT_FILE_PERMISSIONS with fchmod), and gives the -wal and -shm files
+ * the database file's mode. Orders and holds are nobody else's business, so a missing
+ * store file is created here first, empty and 0600: SQLite takes an empty file for a new
+ * database, and its -wal and -shm then follow 0600 too. O_EXCL: a file that appeared
+ * meanwhile (another process creating the same store) is left as it is. */
+static lapse_status_t create_private(const char *path, lapse_error_t *err) {
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        return errno == EEXIST ? LAPSE_OK
+                               : lapse_error_set(err, LAPSE_ERR_STORE_OPEN,
+                                                 "sqlite:%s: cannot create: %s", path,
+                                                 strerror(errno));
+    }
+    /* The umask may have taken the owner's bits too; exactly 0600 keeps it writable. */
+    int rc = fchmod(fd, 0600);
+    int saved = errno;
+    close(fd);
+    if (rc != 0) {
+        unlink(path);
+        return lapse_error_set(err, LAPSE_ERR_STORE_OPEN, "sqlite:%s: chmod 0600: %s",
+                               path, strerror(saved));
+    }
+    return LAPSE_OK;
+}
+
+static lapse_status_t missing(const char *path, lapse_error_t *err) {
+    return lapse_error_set(err, LAPSE_ERR_STORE_MISSING, "store not found: sqlite:%s",
+                           path);
+}
+
+lapse_store_t *lapse__store_sqlite_open(const char *path, unsigned open_flags,
+                                        lapse_status_t *rc, lapse_error_t *err) {
+    bool must_exist = (open_flags & LAPSE_STORE_MUST_EXIST) != 0;
+    struct stat st;
+    if (names_a_file(path)) {
+        if (must_exist && stat(path, &st) != 0 && errno == ENOENT) {
+            *rc = missing(path, err);
+            return NULL;
+        }
+        if (!must_exist && (*rc = create_private(path, err)) != LAPSE_OK) {
+            return NULL;
+        }
+    }
     sqlite_store_t *s = calloc(1, sizeof(*s));
     if (s == NULL) {
         *rc = lapse_error_set(err, LAPSE_ERR_NOMEM, "opening the store");
         return NULL;
     }
     s->base.cls = &sqlite_class;
-    /* NOMUTEX: a handle belongs to one thread at a time (see store.h). */
-    int flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX;
+    /* NOMUTEX: a handle belongs to one thread at a time (see store.h). Without CREATE,
+     * a store removed since the check above is still not created. */
+    int flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX |
+                (must_exist ? 0 : SQLITE_OPEN_CREATE);
     int src = sqlite3_open_v2(path, &s->db, flags, NULL);
+    if (src != SQLITE_OK && must_exist && (src & 0xff) == SQLITE_CANTOPEN &&
+        stat(path, &st) != 0 && errno == ENOENT) {
+        *rc = missing(path, err);
+        goto fail;
+    }
     if (src != SQLITE_OK) {
         *rc =
             lapse_error_set(err, LAPSE_ERR_STORE_OPEN, "sqlite:%s: %s", path,

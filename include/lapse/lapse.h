@@ -15,6 +15,9 @@
 
 #define LAPSE_VERSION "0.1.0"
 
+/** The library's version, "X.Y.Z" (LAPSE_VERSION of the build); static. */
+LAPSE_API const char *lapse_version(void);
+
 /* Status codes, defined once. Ranges say which subsystem failed:
  * -0x00xx general, -0x01xx broker, -0x02xx store, -0x03xx message, -0x04xx config.
  * X(name, value, retriable, message) */
@@ -38,6 +41,7 @@
     X(ERR_STORE_CONFLICT, -0x0205, 0, "order exists with another deadline")              \
     X(ERR_STORE_STATE, -0x0206, 0, "refused by the order's state")                       \
     X(ERR_STORE_LAPSED, -0x0207, 0, "the order's payment window has lapsed")             \
+    X(ERR_STORE_MISSING, -0x0208, 0, "store not found")                                  \
     X(ERR_MSG_JSON, -0x0301, 0, "message body is not a JSON object")                     \
     X(ERR_MSG_FIELD, -0x0302, 0, "message field missing or of the wrong type")           \
     X(ERR_MSG_VERSION, -0x0303, 0, "unsupported message version")                        \

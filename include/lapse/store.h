@@ -78,11 +78,25 @@ typedef struct lapse_event {
 
 typedef int (*lapse_event_cb)(void *opaque, const lapse_event_t *event);
 
+/** Flags of lapse_store_open_flags(); or-ed together. */
+typedef enum lapse_store_open_flag {
+    /* Fail with LAPSE_ERR_STORE_MISSING instead of creating a store that does not exist
+     * (commands that only read: a mistyped store must not look like an empty one). */
+    LAPSE_STORE_MUST_EXIST = 1u << 0
+} lapse_store_open_flag_t;
+
 /**
- * Open a store: "sqlite:PATH" (created if missing, WAL mode, schema applied).
+ * Open a store: "sqlite:PATH" (WAL mode, schema applied). A missing store is created
+ * (a new SQLite file with mode 0600, and its -wal and -shm files with it) unless flags
+ * has LAPSE_STORE_MUST_EXIST.
  * @return new handle, closed with lapse_store_close(); NULL on failure with *rc and err
- * set.
+ * set: LAPSE_ERR_STORE_MISSING (MUST_EXIST and there is none), LAPSE_ERR_STORE_OPEN,
+ * LAPSE_ERR_STORE_BUSY, LAPSE_ERR_CONFIG_STORE (a URI this build cannot open).
  */
+LAPSE_API lapse_store_t *lapse_store_open_flags(const char *uri, unsigned flags,
+                                                lapse_status_t *rc, lapse_error_t *err);
+
+/** lapse_store_open_flags(uri, 0, rc, err): creates the store when it is missing. */
 LAPSE_API lapse_store_t *lapse_store_open(const char *uri, lapse_status_t *rc,
                                           lapse_error_t *err);
 /** Close and free; accepts NULL. */
