@@ -80,6 +80,33 @@ void lapse_duration_format(int64_t ms, char *buf, size_t cap) {
     snprintf(buf, cap, "%s%llums", sign, (unsigned long long)mag);
 }
 
+void lapse_duration_display(int64_t ms, char *buf, size_t cap) {
+    if (buf == NULL || cap == 0) {
+        return;
+    }
+    if (ms == 0) {
+        snprintf(buf, cap, "0s");
+        return;
+    }
+    char text[LAPSE_DURATION_DISPLAY_LEN];
+    size_t used = 0;
+    if (ms < 0) {
+        text[used++] = '-';
+    }
+    /* The magnitude as unsigned, so INT64_MIN has one too. */
+    uint64_t mag = ms < 0 ? (uint64_t)(-(ms + 1)) + 1 : (uint64_t)ms;
+    for (size_t i = sizeof units / sizeof units[0]; i-- > 0;) {
+        uint64_t unit = (uint64_t)units[i].ms;
+        if (mag >= unit) {
+            /* At most "-106751991167d23h59m59s999ms": 29 bytes, so it always fits. */
+            used += (size_t)snprintf(text + used, sizeof text - used, "%llu%s",
+                                     (unsigned long long)(mag / unit), units[i].suffix);
+            mag %= unit;
+        }
+    }
+    snprintf(buf, cap, "%s", text);
+}
+
 /* Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's days_from_civil),
  * written out so the result depends on neither timegm() nor the TZ environment. */
 static int64_t days_from_civil(int64_t y, int m, int d) {

@@ -60,6 +60,17 @@ LAPSE_API lapse_status_t lapse_duration_parse(const char *text, int64_t *out_ms)
  */
 LAPSE_API void lapse_duration_format(int64_t ms, char *buf, size_t cap);
 
+/** Room for any lapse_duration_display() text, NUL included. */
+#define LAPSE_DURATION_DISPLAY_LEN 32
+
+/**
+ * ms for a person to read: days, hours, minutes, seconds and milliseconds, largest
+ * first, zero parts left out, no spaces ("1553d8h3m28s", "1m30s", "2s500ms", "0s"; a
+ * negative span starts with '-'). Not parsed back by lapse_duration_parse(), unlike
+ * lapse_duration_format(), whose spelling names queues and classes. Truncated to cap.
+ */
+LAPSE_API void lapse_duration_display(int64_t ms, char *buf, size_t cap);
+
 /**
  * Parse an RFC 3339 timestamp with a "Z" or +hh:mm/-hh:mm offset and optional
  * fraction (milliseconds kept, finer digits truncated). Years 1970..9999.
