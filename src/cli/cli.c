@@ -4,8 +4,11 @@
 
 #include <lapse/message.h>
 
+#include <errno.h>
 #include <stdarg.h>
 #include <string.h>
+#include <strings.h>
+#include <unistd.h>
 
 int cli_exit_code(lapse_status_t rc) {
     switch (rc) {
@@ -31,19 +34,73 @@ int cli_exit_code(lapse_status_t rc) {
     }
 }
 
+char *cli_redact(const char *text, char *buf, size_t cap) {
+    if (cap == 0) {
+        return buf;
+    }
+    size_t used = 0;
+    const char *p = text;
+    /* scheme://user:password@host...: the password ends at the last '@' of the
+     * authority, which ends at '/', '?' or '#' (a password must percent-encode those).
+     * More than a password may be hidden that way, never less. */
+    for (const char *sep = strstr(p, "://"); sep != NULL; sep = strstr(p, "://")) {
+        const char *user = sep + 3;
+        size_t authority = strcspn(user, "/?#\n");
+        const char *at = NULL;
+        for (const char *q = user; q < user + authority; q++) {
+            at = *q == '@' ? q : at;
+        }
+        const char *colon = at ? memchr(user, ':', (size_t)(at - user)) : NULL;
+        /* "user:password@" is how a usage text spells the form; it stays readable. */
+        bool secret =
+            colon && at > colon + 1 &&
+            !(at - colon - 1 == 8 && strncasecmp(colon + 1, "password", 8) == 0);
+        const char *resume = secret ? at : user;
+        const char *keep_to = secret ? colon + 1 : user;
+        int n = snprintf(buf + used, cap - used, "%.*s%s", (int)(keep_to - p), p,
+                         resume == at ? "***" : "");
+        used += n > 0 ? (size_t)n : 0;
+        if (used >= cap) {
+            buf[cap - 1] = '\0';
+            return buf;
+        }
+        p = resume;
+    }
+    snprintf(buf + used, cap - used, "%s", p);
+    return buf;
+}
+
+/* One line to stderr, passwords redacted: every error of the CLI goes through here. */
+static void error_line(const char *lead, const char *fmt, va_list ap, const char *tail) {
+    char text[1024], safe[1024];
+    vsnprintf(text, sizeof text, fmt, ap);
+    /* One line, as DESIGN.md asks of every error. */
+    text[strcspn(text, "\n")] = '\0';
+    fprintf(stderr, "%s%s%s\n", lead, cli_redact(text, safe, sizeof safe), tail);
+}
+
+void cli_errorf(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    error_line("lapse: ", fmt, ap, "");
+    va_end(ap);
+}
+
 int cli_fail(lapse_status_t rc, const lapse_error_t *err, const char *what) {
     const char *detail = err && err->text[0] ? err->text : lapse_strerror(rc);
-    fprintf(stderr, "lapse: %s: %s (%s)\n", what, detail, lapse_status_name(rc));
+    cli_errorf("%s: %s (%s)", what, detail, lapse_status_name(rc));
     return cli_exit_code(rc);
 }
 
 int cli_usage_error(const char *cmd, const char *fmt, ...) {
+    char lead[64], tail[64];
+    snprintf(lead, sizeof lead, "lapse%s%s: ", cmd ? " " : "", cmd ? cmd : "");
+    /* The usage is one --help away. */
+    snprintf(tail, sizeof tail, " (see 'lapse%s%s --help')", cmd ? " " : "",
+             cmd ? cmd : "");
     va_list ap;
     va_start(ap, fmt);
-    /* One line, as DESIGN.md asks of every error; the usage is one --help away. */
-    fprintf(stderr, "lapse %s: ", cmd);
-    vfprintf(stderr, fmt, ap);
-    fprintf(stderr, " (see 'lapse %s --help')\n", cmd);
+    error_line(lead, fmt, ap, tail);
     va_end(ap);
     return CLI_EXIT_USAGE;
 }
@@ -53,7 +110,9 @@ void cli_log_stderr(void *opaque, lapse_log_level_t level, const char *line) {
     static const char *const names[] = {"error", "warn", "info", "debug"};
     char ts[LAPSE_RFC3339_LEN];
     lapse_time_format_rfc3339(lapse_clock_now_ms(), ts);
-    fprintf(stderr, "%s level=%s %s\n", ts, names[level], line);
+    char safe[2048];
+    fprintf(stderr, "%s level=%s %s\n", ts, names[level],
+            strstr(line, "://") ? cli_redact(line, safe, sizeof safe) : line);
 }
 
 static volatile sig_atomic_t stop_flag;
@@ -74,25 +133,49 @@ volatile sig_atomic_t *cli_install_stop_handlers(void) {
     return &stop_flag;
 }
 
-lapse_store_t *cli_open_store(cli_t *cli, int *exit_code) {
+lapse_store_t *cli_open_store(cli_t *cli, unsigned flags, int *exit_code) {
     lapse_status_t rc;
     lapse_error_t err = {0};
     lapse_store_t *store =
-        lapse_store_open(lapse_config_get(cli->cfg, "store"), &rc, &err);
+        lapse_store_open_flags(lapse_config_get(cli->cfg, "store"), flags, &rc, &err);
     if (!store) {
         *exit_code = cli_fail(rc, &err, "open store");
     }
     return store;
 }
 
-int cli_wants_help(int argc, char **argv) {
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--") == 0) {
-            return 0;
-        }
-        if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
-            return 1;
-        }
+int64_t cli_setting_ms(const cli_t *cli, const char *property) {
+    const char *text = lapse_config_get(cli->cfg, property);
+    int64_t ms = 0;
+    if (text && strcmp(text, "0") != 0) {
+        lapse_duration_parse(text, &ms);
     }
-    return 0;
+    return ms;
+}
+
+void cli_buffer_stdout(void) {
+    /* Whole outputs (a topology export is ~30 KB) wait in the buffer for the final
+     * flush, so a write error is found there with its errno; a write that fails earlier
+     * still leaves ferror set, but glibc may not keep errno until the end. A terminal
+     * keeps its line buffering. */
+    static char buf[1 << 16];
+    if (!isatty(STDOUT_FILENO)) {
+        setvbuf(stdout, buf, _IOFBF, sizeof buf);
+    }
+}
+
+int cli_finish_stdout(int code) {
+    errno = 0;
+    bool failed = fflush(stdout) != 0;
+    int e = failed ? errno : 0;
+    failed = ferror(stdout) || failed;
+    if (!failed) {
+        return code;
+    }
+    if (e) {
+        cli_errorf("write error on stdout: %s", strerror(e));
+    } else {
+        cli_errorf("write error on stdout");
+    }
+    return code == CLI_EXIT_OK ? CLI_EXIT_FAILED : code;
 }

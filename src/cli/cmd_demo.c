@@ -14,14 +14,6 @@
 
 extern char **environ;
 
-static const char usage[] =
-    "usage: lapse demo\n"
-    "Publishes seven orders: six with windows of the two shortest --classes (each at "
-    "most\n"
-    "60s) and one 1.5 s longer than the second, which goes down the delay ladder; pays\n"
-    "some in time and one too late, runs a consumer, and shows each order lapse.\n"
-    "Needs a declared topology: lapse --classes 5s,8s topology declare.\n";
-
 typedef struct demo_order {
     const char *name;
     int cls;        /* 0: shortest class, 1: the next */
@@ -53,12 +45,13 @@ static int64_t elapsed(int64_t t0) {
 }
 
 static pid_t start_consumer(cli_t *cli) {
-    static const char *const vars[][2] = {{"LAPSE_AMQP_URL", "amqp_url"},
-                                          {"LAPSE_STORE", "store"},
-                                          {"LAPSE_PREFIX", "prefix"},
-                                          {"LAPSE_CLASSES", "classes"}};
-    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
-        setenv(vars[i][0], lapse_config_get(cli->cfg, vars[i][1]), 1);
+    /* The child takes this run's settings through their variables. */
+    for (size_t i = 0; lapse_config_property_name(i); i++) {
+        const char *name = lapse_config_property_name(i);
+        const char *env = lapse_config_property_env(name);
+        if (env) {
+            setenv(env, lapse_config_get(cli->cfg, name), 1);
+        }
     }
     char *argv[] = {(char *)"lapse", (char *)"consume", NULL};
     pid_t pid;
@@ -103,12 +96,8 @@ static void poll_orders(lapse_store_t *store, demo_order_t *orders, size_t n,
 }
 
 int cmd_demo(cli_t *cli, int argc, char **argv) {
-    if (cli_wants_help(argc, argv)) {
-        fputs(usage, stdout);
-        return CLI_EXIT_OK;
-    }
-    if (argc != 1) {
-        return cli_usage_error("demo", "unexpected argument '%s'", argv[1]);
+    if (argc != 0) {
+        return cli_usage_error("demo", "unexpected argument '%s'", argv[0]);
     }
     int64_t windows[3]; /* the two classes, and a window that is no class (the ladder) */
     char classes[256];
@@ -175,7 +164,7 @@ int cmd_demo(cli_t *cli, int argc, char **argv) {
     size_t n = sizeof orders / sizeof orders[0];
 
     int code = CLI_EXIT_OK;
-    lapse_store_t *store = cli_open_store(cli, &code);
+    lapse_store_t *store = cli_open_store(cli, 0, &code);
     if (!store) {
         return code;
     }

@@ -5,42 +5,11 @@
 #include <lapse/parked.h>
 
 #include <errno.h>
-#include <getopt.h>
 #include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
 
 #define LIMIT_MAX 1000000
-
-static const char usage[] =
-    "usage: lapse parked list [--json] [--limit N]\n"
-    "       lapse parked replay (--all | ORDER_ID)\n"
-    "  list    each parked message, oldest first: order id, reason, attempts, when it\n"
-    "          was parked; the queue is left as it was\n"
-    "  replay  move parked messages back to <prefix>.expired (all, or those of one\n"
-    "          order); exit 4 when no parked message names ORDER_ID\n";
-
-static const char list_usage[] =
-    "usage: lapse parked list [--json] [--limit N]\n"
-    "  Show the parked messages, oldest first, without removing or reordering them.\n"
-    "  --json      {\"messages\":[{\"order_id\":..,\"message_id\":..|null,\"reason\":..|"
-    "null,\n"
-    "              \"attempts\":N,\"parked_at_ms\":N|null,\"body_bytes\":N}],"
-    "\"listed\":N,\"more\":N}\n"
-    "  --limit N   list at most N messages (default 1000); the rest is counted as more\n"
-    "  The order id is the message_id, else the body's order_id, else '-'. attempts is\n"
-    "  1 unless the message failed repeatedly before it was parked.\n";
-
-static const char replay_usage[] =
-    "usage: lapse parked replay (--all | ORDER_ID)\n"
-    "  Publish parked messages back to the expired exchange (routing key\n"
-    "  order.expired; persistent, confirmed) without the parking headers, and remove\n"
-    "  each parked copy once the broker confirmed it. A replayed message is processed\n"
-    "  like any other: a pending order past its deadline is cancelled, an unknown order\n"
-    "  is parked again. Messages not replayed stay in place.\n"
-    "  --all       every message parked when the command starts\n"
-    "  ORDER_ID    the messages whose message_id or body order_id is ORDER_ID\n"
-    "              (exit 4 when there is none)\n";
 
 typedef struct listing {
     json_t *messages; /* --json: the array being built; NULL for text */
@@ -86,41 +55,17 @@ static int parse_limit(const char *text, size_t *out) {
     return 0;
 }
 
-static int cmd_list(cli_t *cli, int argc, char **argv) {
-    static const struct option opts[] = {{"json", no_argument, NULL, 'j'},
-                                         {"limit", required_argument, NULL, 'l'},
-                                         {"help", no_argument, NULL, 'h'},
-                                         {NULL, 0, NULL, 0}};
-    bool as_json = false;
+int cmd_parked_list(cli_t *cli, int argc, char **argv) {
+    bool as_json = cli_opt(cli, CLI_OPT_JSON) != NULL;
     size_t limit = LAPSE_PARKED_LIST_LIMIT;
-    int opt;
-    opterr = 0;
-    optind = 1;
-    while ((opt = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
-        switch (opt) {
-            case 'h':
-                fputs(list_usage, stdout);
-                return CLI_EXIT_OK;
-            case 'j':
-                as_json = true;
-                break;
-            case 'l':
-                if (parse_limit(optarg, &limit) != 0) {
-                    return cli_usage_error(
-                        "parked list", "--limit wants a number from 1 to %d, not '%s'",
-                        LIMIT_MAX, optarg);
-                }
-                break;
-            case ':':
-                return cli_usage_error("parked list", "option '%s' needs a value",
-                                       argv[optind - 1]);
-            default:
-                return cli_usage_error("parked list", "unknown option '%s'",
-                                       argv[optind - 1]);
-        }
+    const char *limit_text = cli_opt(cli, CLI_OPT_LIMIT);
+    if (limit_text && parse_limit(limit_text, &limit) != 0) {
+        return cli_usage_error("parked list",
+                               "--limit wants a number from 1 to %d, not '%s'", LIMIT_MAX,
+                               limit_text);
     }
-    if (optind < argc) {
-        return cli_usage_error("parked list", "unexpected argument '%s'", argv[optind]);
+    if (argc > 0) {
+        return cli_usage_error("parked list", "unexpected argument '%s'", argv[0]);
     }
     listing_t l = {.messages = as_json ? json_array() : NULL};
     size_t more = 0;
@@ -153,30 +98,13 @@ static int cmd_list(cli_t *cli, int argc, char **argv) {
     return CLI_EXIT_OK;
 }
 
-static int cmd_replay(cli_t *cli, int argc, char **argv) {
-    static const struct option opts[] = {{"all", no_argument, NULL, 'a'},
-                                         {"help", no_argument, NULL, 'h'},
-                                         {NULL, 0, NULL, 0}};
-    bool all = false;
-    int opt;
-    opterr = 0;
-    optind = 1;
-    while ((opt = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-        if (opt == 'h') {
-            fputs(replay_usage, stdout);
-            return CLI_EXIT_OK;
-        }
-        if (opt != 'a') {
-            return cli_usage_error("parked replay", "unknown option '%s'",
-                                   argv[optind - 1]);
-        }
-        all = true;
-    }
-    int n_ids = argc - optind;
+int cmd_parked_replay(cli_t *cli, int argc, char **argv) {
+    bool all = cli_opt(cli, CLI_OPT_ALL) != NULL;
+    int n_ids = argc;
     if (all == (n_ids > 0) || n_ids > 1) {
         return cli_usage_error("parked replay", "expected either --all or one ORDER_ID");
     }
-    const char *order_id = all ? NULL : argv[optind];
+    const char *order_id = all ? NULL : argv[0];
     size_t replayed = 0;
     lapse_error_t err = {0};
     lapse_status_t rc =
@@ -198,21 +126,4 @@ static int cmd_replay(cli_t *cli, int argc, char **argv) {
         return code == CLI_EXIT_USAGE ? CLI_EXIT_FAILED : code;
     }
     return CLI_EXIT_OK;
-}
-
-int cmd_parked(cli_t *cli, int argc, char **argv) {
-    if (argc < 2) {
-        return cli_usage_error("parked", "expected 'list' or 'replay'");
-    }
-    if (strcmp(argv[1], "list") == 0) {
-        return cmd_list(cli, argc - 1, argv + 1);
-    }
-    if (strcmp(argv[1], "replay") == 0) {
-        return cmd_replay(cli, argc - 1, argv + 1);
-    }
-    if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
-        fputs(usage, stdout);
-        return CLI_EXIT_OK;
-    }
-    return cli_usage_error("parked", "unknown action '%s'", argv[1]);
 }

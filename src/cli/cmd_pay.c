@@ -7,25 +7,18 @@
 #include <string.h>
 #include <unistd.h>
 
-static const char usage[] =
-    "usage: lapse pay ORDER_ID\n"
-    "Exits 0 when paid (or already paid), 3 when cancelled or past "
-    "its deadline, 4 when unknown.\n";
-
 int cmd_pay(cli_t *cli, int argc, char **argv) {
-    if (cli_wants_help(argc, argv)) {
-        fputs(usage, stdout);
-        return CLI_EXIT_OK;
-    }
-    if (argc != 2 || argv[1][0] == '-') {
+    if (argc != 1) {
         return cli_usage_error("pay", "expected exactly one ORDER_ID");
     }
-    const char *order_id = argv[1];
+    const char *order_id = argv[0];
     if (!lapse_order_id_is_valid(order_id, strlen(order_id))) {
         return cli_usage_error("pay", "invalid order id '%s'", order_id);
     }
     int code = CLI_EXIT_OK;
-    lapse_store_t *store = cli_open_store(cli, &code);
+    /* A payment for a store that is not there is a mistyped store, not an order to
+     * create one for. */
+    lapse_store_t *store = cli_open_store(cli, LAPSE_STORE_MUST_EXIST, &code);
     if (!store) {
         return code;
     }

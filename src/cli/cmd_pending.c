@@ -6,24 +6,12 @@
 #include <lapse/message.h>
 
 #include <errno.h>
-#include <getopt.h>
 #include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
 
 #define DEFAULT_LIMIT 100
 #define ID_WIDTH      24 /* the order id column; longer ids push the line right */
-
-static const char usage[] =
-    "usage: lapse pending [--due-before TIME] [--limit N] [--json]\n"
-    "  Pending orders by deadline, earliest first, read from the store.\n"
-    "  --due-before T  only orders due before T: RFC 3339 (2026-12-01T18:00:00Z) or a\n"
-    "                  duration from now (10m)\n"
-    "  --limit N       at most N orders (default 100; 0 = all)\n"
-    "  --json          a JSON array, one object a line: {\"order_id\",\"deadline\",\n"
-    "                  \"deadline_ms\",\"created_at_ms\",\"scheduled\",\"holds\"}\n"
-    "Text: one line per order, 'ORDER_ID DEADLINE scheduled=yes|no (in 5m00s)'.\n"
-    "A note on stderr says when --limit cut the list short.\n";
 
 typedef struct listing {
     bool as_json;
@@ -34,19 +22,12 @@ typedef struct listing {
     bool failed; /* stdout or JSON encoding failed */
 } listing_t;
 
-/* "in 29m59s" or "overdue 3s", rounded down to the second, for a person. */
+/* "in 29m59s" or "overdue 3s", to the second, for a person. */
 static void relative(int64_t delta_ms, char *buf, size_t cap) {
-    const char *word = delta_ms >= 0 ? "in" : "overdue";
-    long long s = (long long)((delta_ms >= 0 ? delta_ms : -delta_ms) / 1000);
-    if (s >= 86400) {
-        snprintf(buf, cap, "%s %lldd%02lldh", word, s / 86400, s % 86400 / 3600);
-    } else if (s >= 3600) {
-        snprintf(buf, cap, "%s %lldh%02lldm", word, s / 3600, s % 3600 / 60);
-    } else if (s >= 60) {
-        snprintf(buf, cap, "%s %lldm%02llds", word, s / 60, s % 60);
-    } else {
-        snprintf(buf, cap, "%s %llds", word, s);
-    }
+    char span[LAPSE_DURATION_DISPLAY_LEN];
+    int64_t s = (delta_ms >= 0 ? delta_ms : -delta_ms) / 1000;
+    lapse_duration_display(s * 1000, span, sizeof span);
+    snprintf(buf, cap, "%s %s", delta_ms >= 0 ? "in" : "overdue", span);
 }
 
 static int print_json(listing_t *l, const lapse_order_t *order, const char *deadline) {
@@ -109,58 +90,38 @@ static int parse_limit(const char *text, size_t *out) {
 }
 
 int cmd_pending(cli_t *cli, int argc, char **argv) {
-    static const struct option opts[] = {{"due-before", required_argument, NULL, 'd'},
-                                         {"limit", required_argument, NULL, 'l'},
-                                         {"json", no_argument, NULL, 'j'},
-                                         {"help", no_argument, NULL, 'h'},
-                                         {NULL, 0, NULL, 0}};
-    listing_t l = {.limit = DEFAULT_LIMIT, .now_ms = lapse_clock_now_ms()};
+    listing_t l = {.limit = DEFAULT_LIMIT,
+                   .now_ms = lapse_clock_now_ms(),
+                   .as_json = cli_opt(cli, CLI_OPT_JSON) != NULL};
     lapse_pending_filter_t filter;
     lapse_pending_filter_init(&filter);
     filter.with_holds = true;
-    int opt;
-    opterr = 0;
-    while ((opt = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-        switch (opt) {
-            case 'h':
-                fputs(usage, stdout);
-                return CLI_EXIT_OK;
-            case 'j':
-                l.as_json = true;
-                break;
-            case 'l':
-                if (parse_limit(optarg, &l.limit) != 0) {
-                    return cli_usage_error("pending", "invalid --limit '%s' (0 = all)",
-                                           optarg);
-                }
-                break;
-            case 'd': {
-                int64_t ms;
-                if (lapse_time_parse_rfc3339(optarg, &ms) == LAPSE_OK) {
-                    filter.due_before_ms = ms;
-                } else if (lapse_duration_parse(optarg, &ms) == LAPSE_OK &&
-                           ms <= INT64_MAX - l.now_ms) {
-                    filter.due_before_ms = l.now_ms + ms;
-                } else {
-                    return cli_usage_error("pending",
-                                           "invalid --due-before '%s' (RFC 3339 time or "
-                                           "a duration from now such as 10m)",
-                                           optarg);
-                }
-                break;
-            }
-            default:
-                return cli_usage_error("pending", "unknown or incomplete option '%s'",
-                                       argv[optind - 1]);
+    const char *limit = cli_opt(cli, CLI_OPT_LIMIT);
+    if (limit && parse_limit(limit, &l.limit) != 0) {
+        return cli_usage_error("pending", "invalid --limit '%s' (0 = all)", limit);
+    }
+    const char *due = cli_opt(cli, CLI_OPT_DUE_BEFORE);
+    if (due) {
+        int64_t ms;
+        if (lapse_time_parse_rfc3339(due, &ms) == LAPSE_OK) {
+            filter.due_before_ms = ms;
+        } else if (lapse_duration_parse(due, &ms) == LAPSE_OK &&
+                   ms <= INT64_MAX - l.now_ms) {
+            filter.due_before_ms = l.now_ms + ms;
+        } else {
+            return cli_usage_error("pending",
+                                   "invalid --due-before '%s' (RFC 3339 time or a "
+                                   "duration from now such as 10m)",
+                                   due);
         }
     }
-    if (optind != argc) {
-        return cli_usage_error("pending", "unexpected argument '%s'", argv[optind]);
+    if (argc != 0) {
+        return cli_usage_error("pending", "unexpected argument '%s'", argv[0]);
     }
     /* One more than shown, to tell whether the limit cut the list short. */
     filter.limit = l.limit > 0 ? l.limit + 1 : 0;
     int code = CLI_EXIT_OK;
-    lapse_store_t *store = cli_open_store(cli, &code);
+    lapse_store_t *store = cli_open_store(cli, LAPSE_STORE_MUST_EXIST, &code);
     if (!store) {
         return code;
     }
@@ -173,8 +134,11 @@ int cmd_pending(cli_t *cli, int argc, char **argv) {
         fputs(l.printed > 0 ? "\n]\n" : "]\n", stdout);
     }
     lapse_store_close(store);
-    if (fflush(stdout) != 0 || l.failed) {
-        fprintf(stderr, "lapse pending: cannot write the listing\n");
+    if (l.failed) {
+        /* A write error on stdout is reported by main; a JSON one is out of memory. */
+        if (!ferror(stdout)) {
+            cli_errorf("pending: out of memory");
+        }
         return CLI_EXIT_FAILED;
     }
     if (rc != LAPSE_OK) {

@@ -6,7 +6,6 @@
 #include <lapse/batch.h>
 #include <lapse/publisher.h>
 
-#include <getopt.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -15,23 +14,6 @@
 #define CONNECT_TRIES  5
 #define PROGRESS_EVERY 200 /* ms between progress lines on a terminal */
 #define IDLE_FLUSH_MS  20  /* input paused this long: publish what is held */
-
-static const char usage[] =
-    "usage: lapse publish ORDER_ID [--timeout DURATION | --deadline RFC3339] "
-    "[--hold RESOURCE]...\n"
-    "       lapse publish --batch FILE|-\n"
-    "  --timeout D    payment window, e.g. 90s, 30m, 2h, 400d (default 30m); one equal "
-    "to\n"
-    "                 a configured class waits in that class's queue, any other goes\n"
-    "                 down the delay ladder (whole seconds, rounded up)\n"
-    "  --deadline T   an absolute deadline, e.g. 2026-12-01T18:00:00Z (down the ladder)\n"
-    "                 at most 2^28-1 s (about 8.5 years) ahead\n"
-    "  --hold R       a resource the order holds until paid or cancelled (repeatable)\n"
-    "  --batch F      one JSON object a line: {\"order_id\":\"..\",\"timeout\":\"30m\"} "
-    "or\n"
-    "                 {\"order_id\":\"..\",\"deadline\":\"RFC3339\"}, optional "
-    "\"holds\":[..]\n"
-    "Exits 0 once the broker confirmed; 3 if the order exists with another deadline.\n";
 
 typedef struct outcome {
     size_t ok;
@@ -91,7 +73,7 @@ static lapse_publisher_t *open_publisher(cli_t *cli, lapse_store_t *store,
 static int publish_one(cli_t *cli, const char *order_id, int64_t timeout_ms,
                        int64_t deadline_ms, const char **holds, size_t n_holds) {
     int code = CLI_EXIT_OK;
-    lapse_store_t *store = cli_open_store(cli, &code);
+    lapse_store_t *store = cli_open_store(cli, 0, &code);
     if (!store) {
         return code;
     }
@@ -138,7 +120,7 @@ static int publish_batch(cli_t *cli, const char *path) {
         return CLI_EXIT_FAILED;
     }
     int code = CLI_EXIT_OK;
-    lapse_store_t *store = cli_open_store(cli, &code);
+    lapse_store_t *store = cli_open_store(cli, 0, &code);
     outcome_t o = {0};
     lapse_publisher_t *pub =
         store ? open_publisher(cli, store, on_line, &o, &code) : NULL;
@@ -236,55 +218,25 @@ static int publish_batch(cli_t *cli, const char *path) {
 }
 
 int cmd_publish(cli_t *cli, int argc, char **argv) {
-    static const struct option opts[] = {{"timeout", required_argument, NULL, 't'},
-                                         {"deadline", required_argument, NULL, 'd'},
-                                         {"hold", required_argument, NULL, 'H'},
-                                         {"batch", required_argument, NULL, 'b'},
-                                         {"help", no_argument, NULL, 'h'},
-                                         {NULL, 0, NULL, 0}};
-    const char *timeout = NULL;
-    const char *deadline = NULL;
-    const char *batch = NULL;
+    const char *timeout = cli_opt(cli, CLI_OPT_TIMEOUT);
+    const char *deadline = cli_opt(cli, CLI_OPT_DEADLINE);
+    const char *batch = cli_opt(cli, CLI_OPT_BATCH);
     const char *holds[MAX_HOLDS];
-    size_t n_holds = 0;
-    int opt;
-    opterr = 0;
-    while ((opt = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-        switch (opt) {
-            case 't':
-                timeout = optarg;
-                break;
-            case 'd':
-                deadline = optarg;
-                break;
-            case 'H':
-                if (n_holds == MAX_HOLDS) {
-                    return cli_usage_error("publish", "at most %d --hold", MAX_HOLDS);
-                }
-                holds[n_holds++] = optarg;
-                break;
-            case 'b':
-                batch = optarg;
-                break;
-            case 'h':
-                fputs(usage, stdout);
-                return CLI_EXIT_OK;
-            default:
-                return cli_usage_error("publish", "unknown or incomplete option '%s'",
-                                       argv[optind - 1]);
-        }
+    size_t n_holds = cli_opt_all(cli, CLI_OPT_HOLD, holds, MAX_HOLDS);
+    if (n_holds > MAX_HOLDS) {
+        return cli_usage_error("publish", "at most %d --hold", MAX_HOLDS);
     }
     if (batch) {
-        if (optind != argc || n_holds > 0 || timeout || deadline) {
+        if (argc != 0 || n_holds > 0 || timeout || deadline) {
             return cli_usage_error("publish", "--batch takes no ORDER_ID, --hold, "
                                               "--timeout or --deadline");
         }
         return publish_batch(cli, batch);
     }
-    if (optind + 1 != argc) {
+    if (argc != 1) {
         return cli_usage_error("publish", "expected exactly one ORDER_ID");
     }
-    const char *order_id = argv[optind];
+    const char *order_id = argv[0];
     if (!lapse_order_id_is_valid(order_id, strlen(order_id))) {
         return cli_usage_error(
             "publish", "invalid order id '%s': 1-128 bytes of [A-Za-z0-9._:-]", order_id);

@@ -5,20 +5,9 @@
 #include <lapse/message.h>
 #include <lapse/sweep.h>
 
-#include <getopt.h>
 #include <unistd.h>
 
 #define PROGRESS_EVERY_MS 200
-
-static const char usage[] =
-    "usage: lapse reconcile [--dry-run]\n"
-    "  Publish the expiry message of EVERY pending order again, for its recorded\n"
-    "  deadline: after moving to a new broker or vhost (declare the topology there\n"
-    "  first). Messages left on the old broker are harmless: each order is cancelled\n"
-    "  once, and a paid one never.\n"
-    "  --dry-run  count only\n"
-    "Shows progress on a terminal and prints the final count. Exits 0, or 1 on "
-    "failure.\n";
 
 typedef struct progress {
     volatile sig_atomic_t *stop;
@@ -40,31 +29,18 @@ static int on_progress(void *opaque, const lapse_sweep_report_t *r) {
 }
 
 int cmd_reconcile(cli_t *cli, int argc, char **argv) {
-    static const struct option opts[] = {{"dry-run", no_argument, NULL, 'n'},
-                                         {"help", no_argument, NULL, 'h'},
-                                         {NULL, 0, NULL, 0}};
     lapse_sweep_opts_t so;
     lapse_sweep_opts_init(&so);
-    int opt;
-    opterr = 0;
-    while ((opt = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-        if (opt == 'h') {
-            fputs(usage, stdout);
-            return CLI_EXIT_OK;
-        }
-        if (opt != 'n') {
-            return cli_usage_error("reconcile", "unknown option '%s'", argv[optind - 1]);
-        }
-        so.dry_run = true;
-    }
-    if (optind != argc) {
-        return cli_usage_error("reconcile", "unexpected argument '%s'", argv[optind]);
+    so.dry_run = cli_opt(cli, CLI_OPT_DRY_RUN) != NULL;
+    if (argc != 0) {
+        return cli_usage_error("reconcile", "unexpected argument '%s'", argv[0]);
     }
     progress_t p = {.stop = cli_install_stop_handlers(), .tty = isatty(STDERR_FILENO)};
     so.progress = on_progress;
     so.progress_opaque = &p;
     int code = CLI_EXIT_OK;
-    lapse_store_t *store = cli_open_store(cli, &code);
+    /* It only re-publishes what a store holds: a missing one is a mistyped one. */
+    lapse_store_t *store = cli_open_store(cli, LAPSE_STORE_MUST_EXIST, &code);
     if (!store) {
         return code;
     }

@@ -4,17 +4,9 @@
 
 #include <lapse/topology.h>
 
-#include <getopt.h>
 #include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
-
-static const char usage[] =
-    "usage: lapse status [ORDER_ID] [--json]\n"
-    "  without ORDER_ID: messages and consumers per queue (each class, each rung of the\n"
-    "                    delay ladder with how long it holds a message), orders per "
-    "status\n"
-    "  with ORDER_ID:    the order's status, times and holds (exit 4 if unknown)\n";
 
 typedef struct queues {
     json_t *json; /* {"<name>":{"messages":N,"consumers":N}} */
@@ -116,16 +108,16 @@ static int overview(cli_t *cli, lapse_store_t *store, int as_json) {
                                     (json_int_t)counts[LAPSE_ORDER_PAID], "cancelled",
                                     (json_int_t)counts[LAPSE_ORDER_CANCELLED]));
     }
-    printf("%-40s %10s %10s %10s\n", "queue", "holds for", "messages", "consumers");
+    printf("%-40s %14s %10s %10s\n", "queue", "holds for", "messages", "consumers");
     const char *name;
     json_t *stat;
     json_object_foreach(q.json, name, stat) {
-        char ttl[32] = "-";
+        char ttl[LAPSE_DURATION_DISPLAY_LEN] = "-";
         json_int_t ttl_ms = json_integer_value(json_object_get(q.ttl, name));
         if (ttl_ms > 0) {
-            lapse_duration_format(ttl_ms, ttl, sizeof ttl);
+            lapse_duration_display(ttl_ms, ttl, sizeof ttl);
         }
-        printf("%-40s %10s %10lld %10lld\n", name, ttl,
+        printf("%-40s %14s %10lld %10lld\n", name, ttl,
                (long long)json_integer_value(json_object_get(stat, "messages")),
                (long long)json_integer_value(json_object_get(stat, "consumers")));
     }
@@ -138,32 +130,17 @@ static int overview(cli_t *cli, lapse_store_t *store, int as_json) {
 }
 
 int cmd_status(cli_t *cli, int argc, char **argv) {
-    static const struct option opts[] = {{"json", no_argument, NULL, 'j'},
-                                         {"help", no_argument, NULL, 'h'},
-                                         {NULL, 0, NULL, 0}};
-    int as_json = 0;
-    int opt;
-    opterr = 0;
-    while ((opt = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-        if (opt == 'h') {
-            fputs(usage, stdout);
-            return CLI_EXIT_OK;
-        }
-        if (opt != 'j') {
-            return cli_usage_error("status", "unknown option '%s'", argv[optind - 1]);
-        }
-        as_json = 1;
-    }
-    if (argc - optind > 1) {
+    int as_json = cli_opt(cli, CLI_OPT_JSON) != NULL;
+    if (argc > 1) {
         return cli_usage_error("status", "at most one ORDER_ID");
     }
     int code = CLI_EXIT_OK;
-    lapse_store_t *store = cli_open_store(cli, &code);
+    lapse_store_t *store = cli_open_store(cli, LAPSE_STORE_MUST_EXIST, &code);
     if (!store) {
         return code;
     }
-    code = optind < argc ? order_status(store, argv[optind], as_json)
-                         : overview(cli, store, as_json);
+    code =
+        argc == 1 ? order_status(store, argv[0], as_json) : overview(cli, store, as_json);
     lapse_store_close(store);
     return code;
 }

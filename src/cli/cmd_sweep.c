@@ -5,31 +5,7 @@
 #include <lapse/message.h>
 #include <lapse/sweep.h>
 
-#include <getopt.h>
 #include <string.h>
-
-static const char sweep_usage[] =
-    "usage: lapse sweep [--dry-run] [--grace DURATION] [--in-flight DURATION]\n"
-    "  Once: cancel directly, from the store, every order still pending a grace period\n"
-    "  after its deadline (its expiry message was lost: a purged queue, a broker that\n"
-    "  lost its disk), then publish again every order whose message the broker never\n"
-    "  confirmed (a failed publish, a crash between recording and confirming).\n"
-    "  --grace D      how long past its deadline an order may wait for its message\n"
-    "                 (default 60s); keep it above any clock difference between hosts\n"
-    "  --in-flight D  leave orders recorded less than D ago: their publish may still be\n"
-    "                 waiting for its confirm (default 30s; 0 = none)\n"
-    "  --dry-run      count only: change nothing, connect to no broker\n"
-    "Prints one key=value line and a sentence. Exits 0, or 1 when a part failed (the\n"
-    "other part still ran; cancelling needs no broker).\n";
-
-/* A duration, or "0". */
-static int parse_span(const char *text, int64_t *out) {
-    if (strcmp(text, "0") == 0) {
-        *out = 0;
-        return 0;
-    }
-    return lapse_duration_parse(text, out) == LAPSE_OK ? 0 : -1;
-}
 
 /* SIGINT/SIGTERM stop the sweep after the batch in hand. */
 static int on_progress(void *opaque, const lapse_sweep_report_t *so_far) {
@@ -38,47 +14,21 @@ static int on_progress(void *opaque, const lapse_sweep_report_t *so_far) {
 }
 
 int cmd_sweep(cli_t *cli, int argc, char **argv) {
-    static const struct option opts[] = {{"dry-run", no_argument, NULL, 'n'},
-                                         {"grace", required_argument, NULL, 'g'},
-                                         {"in-flight", required_argument, NULL, 'f'},
-                                         {"help", no_argument, NULL, 'h'},
-                                         {NULL, 0, NULL, 0}};
     lapse_sweep_opts_t so;
     lapse_sweep_opts_init(&so);
-    int opt;
-    opterr = 0;
-    while ((opt = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-        switch (opt) {
-            case 'h':
-                fputs(sweep_usage, stdout);
-                return CLI_EXIT_OK;
-            case 'n':
-                so.dry_run = true;
-                break;
-            case 'g':
-                if (parse_span(optarg, &so.grace_ms) != 0) {
-                    return cli_usage_error("sweep", "invalid --grace '%s' (e.g. 60s, 5m)",
-                                           optarg);
-                }
-                break;
-            case 'f':
-                if (parse_span(optarg, &so.in_flight_ms) != 0) {
-                    return cli_usage_error(
-                        "sweep", "invalid --in-flight '%s' (e.g. 30s, or 0)", optarg);
-                }
-                break;
-            default:
-                return cli_usage_error("sweep", "unknown or incomplete option '%s'",
-                                       argv[optind - 1]);
-        }
-    }
-    if (optind != argc) {
-        return cli_usage_error("sweep", "unexpected argument '%s'", argv[optind]);
+    so.dry_run = cli_opt(cli, CLI_OPT_DRY_RUN) != NULL;
+    /* --grace and --in-flight are the settings the consumer's own sweep uses. */
+    so.grace_ms = cli_setting_ms(cli, "sweep_grace");
+    so.in_flight_ms = cli_setting_ms(cli, "sweep_in_flight");
+    if (argc != 0) {
+        return cli_usage_error("sweep", "unexpected argument '%s'", argv[0]);
     }
     so.progress = on_progress;
     so.progress_opaque = (void *)cli_install_stop_handlers();
     int code = CLI_EXIT_OK;
-    lapse_store_t *store = cli_open_store(cli, &code);
+    /* A dry run only reads: a missing store is a mistyped one, not one to create. */
+    lapse_store_t *store =
+        cli_open_store(cli, so.dry_run ? LAPSE_STORE_MUST_EXIST : 0, &code);
     if (!store) {
         return code;
     }
@@ -86,8 +36,8 @@ int cmd_sweep(cli_t *cli, int argc, char **argv) {
     lapse_error_t err = {0};
     lapse_status_t rc = lapse_sweep_run(cli->cfg, store, &so, &r, &err);
     lapse_store_close(store);
-    char grace[32];
-    lapse_duration_format(so.grace_ms, grace, sizeof grace);
+    char grace[LAPSE_DURATION_DISPLAY_LEN];
+    lapse_duration_display(so.grace_ms, grace, sizeof grace);
     printf("sweep republished=%llu cancelled=%llu would_republish=%llu would_cancel=%llu "
            "skipped=%llu failed=%llu dry_run=%s\n",
            (unsigned long long)r.republished, (unsigned long long)r.cancelled,

@@ -7,20 +7,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char usage[] =
-    "usage: lapse topology declare   declare exchanges, queues and bindings "
-    "(idempotent)\n"
-    "       lapse topology export    print them as RabbitMQ definitions JSON\n";
-
 int cmd_topology(cli_t *cli, int argc, char **argv) {
-    if (cli_wants_help(argc, argv)) {
-        fputs(usage, stdout);
-        return CLI_EXIT_OK;
-    }
-    if (argc != 2) {
+    if (argc != 1) {
         return cli_usage_error("topology", "expected 'declare' or 'export'");
     }
-    if (strcmp(argv[1], "export") == 0) {
+    if (strcmp(argv[0], "export") == 0) {
         char *json = lapse_topology_export(cli->cfg);
         if (!json) {
             fprintf(stderr, "lapse topology: out of memory\n");
@@ -30,7 +21,7 @@ int cmd_topology(cli_t *cli, int argc, char **argv) {
         free(json);
         return CLI_EXIT_OK;
     }
-    if (strcmp(argv[1], "declare") == 0) {
+    if (strcmp(argv[0], "declare") == 0) {
         lapse_error_t err = {0};
         lapse_status_t rc = lapse_topology_declare(cli->cfg, &err);
         if (rc != LAPSE_OK) {
@@ -42,5 +33,5 @@ int cmd_topology(cli_t *cli, int argc, char **argv) {
                lapse_config_get(cli->cfg, "classes"));
         return CLI_EXIT_OK;
     }
-    return cli_usage_error("topology", "unknown action '%s'", argv[1]);
+    return cli_usage_error("topology", "unknown action '%s'", argv[0]);
 }
