@@ -605,12 +605,13 @@ static bool names_a_file(const char *path) {
     return path[0] != '\0' && strcmp(path, ":memory:") != 0;
 }
 
-/* SQLite creates a new database file with mode 0644 whatever the umask (its unix VFS
- * sets SQLITE_DEFAULT_FILE_PERMISSIONS with fchmod), and gives the -wal and -shm files
- * the database file's mode. Orders and holds are nobody else's business, so a missing
- * store file is created here first, empty and 0600: SQLite takes an empty file for a new
- * database, and its -wal and -shm then follow 0600 too. O_EXCL: a file that appeared
- * meanwhile (another process creating the same store) is left as it is. */
+/* SQLite creates a new database file with mode 0644 less the umask, so under the usual
+ * umask 022 anyone on the host can read it, and it gives the -wal and -shm files the
+ * database file's mode. Orders and holds are nobody else's business, so a missing store
+ * file is created here first, empty and exactly 0600 whatever the umask: SQLite takes an
+ * empty file for a new database, and its -wal and -shm then follow 0600 too. O_EXCL: a
+ * file that appeared meanwhile (another process creating the same store) is left as it
+ * is. */
 static lapse_status_t create_private(const char *path, lapse_error_t *err) {
     int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
     if (fd < 0) {

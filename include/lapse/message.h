@@ -65,7 +65,7 @@ LAPSE_API void lapse_duration_format(int64_t ms, char *buf, size_t cap);
 
 /**
  * ms for a person to read: days, hours, minutes, seconds and milliseconds, largest
- * first, zero parts left out, no spaces ("1553d8h3m28s", "1m30s", "2s500ms", "0s"; a
+ * first, zero parts left out, no spaces ("1553d10h42m8s", "1m30s", "2s500ms", "0s"; a
  * negative span starts with '-'). Not parsed back by lapse_duration_parse(), unlike
  * lapse_duration_format(), whose spelling names queues and classes. Truncated to cap.
  */

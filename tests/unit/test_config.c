@@ -17,8 +17,10 @@
 
 #define ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 
-static const char *const env_vars[] = {"LAPSE_AMQP_URL", "LAPSE_STORE", "LAPSE_PREFIX",
-                                       "LAPSE_CLASSES"};
+static const char *const env_vars[] = {
+    "LAPSE_AMQP_URL",    "LAPSE_STORE",     "LAPSE_PREFIX",   "LAPSE_CLASSES",
+    "LAPSE_QUEUE_TYPE",  "LAPSE_HEARTBEAT", "LAPSE_PREFETCH", "LAPSE_MAX_ATTEMPTS",
+    "LAPSE_SWEEP_EVERY", "LAPSE_GRACE",     "LAPSE_IN_FLIGHT"};
 
 static int setup(void **state) {
     for (size_t i = 0; i < ARRAY_LEN(env_vars); i++) {
@@ -62,6 +64,10 @@ static void test_defaults_follow_design(void **state) {
     assert_int_equal(cfg->clock_skew_ms, 0);
     assert_string_equal(lapse_config_get(cfg, "queue_type"), "classic");
     assert_string_equal(lapse_config_get(cfg, "max_attempts"), "10");
+    assert_string_equal(lapse_config_get(cfg, "sweep_every"), "1m");
+    assert_string_equal(lapse_config_get(cfg, "sweep_grace"), "1m");
+    assert_string_equal(lapse_config_get(cfg, "sweep_in_flight"), "30s");
+    assert_int_equal(cfg->sweep_in_flight_ms, 30000);
     assert_int_equal(lapse_config_set(cfg, "queue_type", "quorum", NULL), LAPSE_OK);
     assert_true(cfg->quorum);
     assert_string_equal(lapse_config_get(cfg, "queue_type"), "quorum");
@@ -120,6 +126,9 @@ static void assert_same_config(const lapse_config_t *a, const lapse_config_t *b)
     assert_int_equal(a->quorum, b->quorum);
     assert_int_equal(a->max_attempts, b->max_attempts);
     assert_int_equal(a->clock_skew_ms, b->clock_skew_ms);
+    assert_int_equal(a->sweep_every_ms, b->sweep_every_ms);
+    assert_int_equal(a->sweep_grace_ms, b->sweep_grace_ms);
+    assert_int_equal(a->sweep_in_flight_ms, b->sweep_in_flight_ms);
 }
 
 static const struct {
@@ -186,6 +195,10 @@ static const struct {
     {"max_attempts", "0", LAPSE_ERR_CONFIG_VALUE},
     {"max_attempts", "1001", LAPSE_ERR_CONFIG_VALUE},
     {"max_attempts", "3x", LAPSE_ERR_CONFIG_VALUE},
+    {"sweep_every", "soon", LAPSE_ERR_CONFIG_DURATION},
+    {"sweep_grace", "-5s", LAPSE_ERR_CONFIG_DURATION},
+    {"sweep_in_flight", "", LAPSE_ERR_CONFIG_DURATION},
+    {"sweep_in_flight", "30", LAPSE_ERR_CONFIG_DURATION},
     {"queue-type", "quorum", LAPSE_ERR_CONFIG_UNKNOWN},
     {"", "x", LAPSE_ERR_CONFIG_UNKNOWN},
     {"PREFIX", "x", LAPSE_ERR_CONFIG_UNKNOWN},
@@ -362,6 +375,73 @@ static void test_env_overrides_defaults(void **state) {
     assert_string_equal(lapse_config_get(cfg, "prefix"), "flag");
 }
 
+/* Every setting has a variable, and lapse_config_from_env reads each one. */
+static void test_env_covers_every_setting(void **state) {
+    lapse_config_t *cfg = *state;
+    static const struct {
+        const char *env, *name, *value, *get;
+    } cases[] = {
+        {"LAPSE_QUEUE_TYPE", "queue_type", "quorum", "quorum"},
+        {"LAPSE_HEARTBEAT", "heartbeat", "10", "10"},
+        {"LAPSE_PREFETCH", "prefetch", "200", "200"},
+        {"LAPSE_MAX_ATTEMPTS", "max_attempts", "3", "3"},
+        {"LAPSE_SWEEP_EVERY", "sweep_every", "0", "0"},
+        {"LAPSE_GRACE", "sweep_grace", "120s", "2m"},
+        {"LAPSE_IN_FLIGHT", "sweep_in_flight", "10s", "10s"},
+    };
+    for (size_t i = 0; i < ARRAY_LEN(cases); i++) {
+        assert_string_equal(lapse_config_property_env(cases[i].name), cases[i].env);
+        setenv(cases[i].env, cases[i].value, 1);
+    }
+    lapse_error_t err;
+    assert_int_equal(lapse_config_from_env(cfg, &err), LAPSE_OK);
+    for (size_t i = 0; i < ARRAY_LEN(cases); i++) {
+        assert_string_equal(lapse_config_get(cfg, cases[i].name), cases[i].get);
+    }
+    assert_true(cfg->quorum);
+    assert_int_equal(cfg->sweep_in_flight_ms, 10000);
+
+    /* The table itself: every property is listed once, every variable is LAPSE_* and
+     * unique, and every default reads back as lapse_config_new set it. */
+    size_t n = 0, with_env = 0;
+    lapse_config_t *fresh = lapse_config_new();
+    assert_non_null(fresh);
+    for (const char *name; (name = lapse_config_property_name(n)) != NULL; n++) {
+        for (size_t k = 0; k < n; k++) {
+            assert_string_not_equal(lapse_config_property_name(k), name);
+        }
+        const char *env = lapse_config_property_env(name);
+        const char *def = lapse_config_property_default(name);
+        assert_non_null(lapse_config_get(fresh, name));
+        if (env) {
+            with_env++;
+            assert_true(strncmp(env, "LAPSE_", 6) == 0);
+            for (size_t k = 0; k < n; k++) {
+                const char *other =
+                    lapse_config_property_env(lapse_config_property_name(k));
+                assert_true(other == NULL || strcmp(other, env) != 0);
+            }
+            assert_non_null(def);
+        }
+        if (def) {
+            lapse_config_t *probe = lapse_config_new();
+            assert_non_null(probe);
+            assert_int_equal(lapse_config_set(probe, name, def, NULL), LAPSE_OK);
+            assert_string_equal(lapse_config_get(probe, name),
+                                lapse_config_get(fresh, name));
+            lapse_config_free(probe);
+        }
+    }
+    lapse_config_free(fresh);
+    assert_int_equal(n, 12);
+    assert_int_equal(with_env, 11); /* all but the clock_skew test hook */
+    assert_null(lapse_config_property_name(n + 1));
+    assert_null(lapse_config_property_env("clock_skew"));
+    assert_null(lapse_config_property_default("clock_skew"));
+    assert_null(lapse_config_property_env("nonsense"));
+    assert_null(lapse_config_property_default(NULL));
+}
+
 static void test_env_empty_counts_as_unset(void **state) {
     lapse_config_t *cfg = *state;
     setenv("LAPSE_PREFIX", "", 1);
@@ -436,6 +516,7 @@ int main(void) {
         T(test_class_errors_name_the_item),
         T(test_clock_skew_sets_the_clock_hook),
         T(test_env_overrides_defaults),
+        T(test_env_covers_every_setting),
         T(test_env_empty_counts_as_unset),
         T(test_env_error_names_variable_and_changes_nothing),
         T(test_log_goes_to_the_sink_as_one_line),

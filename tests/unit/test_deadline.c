@@ -115,6 +115,54 @@ static void test_duration_format_uses_largest_exact_unit(void **state) {
     assert_string_equal(small, "150");
 }
 
+/* For people (status, pending, sweep): compound units, largest first, zeros left out. */
+static void test_duration_display_for_people(void **state) {
+    (void)state;
+    static const struct {
+        int64_t ms;
+        const char *text;
+    } cases[] = {
+        {0, "0s"},
+        {1, "1ms"},
+        {999, "999ms"},
+        {1000, "1s"},
+        {1500, "1s500ms"},
+        {59999, "59s999ms"},
+        {60000, "1m"},
+        {90000, "1m30s"},
+        {3600000, "1h"},
+        {3601000, "1h1s"},
+        {86400000, "1d"},
+        {90000000, "1d1h"},
+        {86401000, "1d1s"},
+        {1800000, "30m"},
+        {INT64_C(134217728000), "1553d10h42m8s"},  /* the longest rung: 2^27 s */
+        {INT64_C(268435455000), "3106d21h24m15s"}, /* the furthest deadline */
+        {-90000, "-1m30s"},
+        {-1, "-1ms"},
+        {INT64_MAX, "106751991167d7h12m55s807ms"},
+        {INT64_MIN, "-106751991167d7h12m55s808ms"},
+    };
+    for (size_t i = 0; i < ARRAY_LEN(cases); i++) {
+        char buf[LAPSE_DURATION_DISPLAY_LEN];
+        memset(buf, 'z', sizeof buf);
+        lapse_duration_display(cases[i].ms, buf, sizeof buf);
+        assert_string_equal(buf, cases[i].text);
+        assert_true(strlen(buf) < LAPSE_DURATION_DISPLAY_LEN);
+    }
+    /* Class names keep their canonical spelling: the two formatters differ on purpose. */
+    char canonical[32];
+    lapse_duration_format(90000, canonical, sizeof canonical);
+    assert_string_equal(canonical, "90s");
+    /* Truncated to cap, never overrun; cap 0 writes nothing. */
+    char small[5] = "zzzz";
+    lapse_duration_display(90000, small, sizeof small);
+    assert_string_equal(small, "1m30");
+    lapse_duration_display(90000, small, 0);
+    assert_string_equal(small, "1m30");
+    lapse_duration_display(90000, NULL, 8);
+}
+
 static void test_duration_format_round_trips(void **state) {
     (void)state;
     static const int64_t values[] = {1,         999,
@@ -316,6 +364,7 @@ int main(void) {
         cmocka_unit_test(test_duration_parse_rejects_bad_text),
         cmocka_unit_test(test_duration_format_uses_largest_exact_unit),
         cmocka_unit_test(test_duration_format_round_trips),
+        cmocka_unit_test(test_duration_display_for_people),
         cmocka_unit_test(test_time_parse_accepts_valid),
         cmocka_unit_test(test_time_parse_rejects_invalid),
         cmocka_unit_test(test_time_format),

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -148,6 +149,85 @@ static void test_open_bad_uri(void **state) {
     assert_null(lapse_store_open("sqlite:/nonexistent-lapse-dir/x/store.db", &rc, &err));
     assert_int_equal(rc, LAPSE_ERR_STORE_OPEN);
     assert_true(err.text[0] != '\0');
+}
+
+/* Commands that only read open with MUST_EXIST: a missing store is an error, and no
+ * file appears; the same store opens once something created it. */
+static void test_open_must_exist(void **state) {
+    fixture_t *f = *state;
+    char path[128], uri[160];
+    snprintf(path, sizeof path, "%s/other.db", f->dir);
+    snprintf(uri, sizeof uri, "sqlite:%s", path);
+    lapse_status_t rc = LAPSE_OK;
+    lapse_error_t err;
+    assert_null(lapse_store_open_flags(uri, LAPSE_STORE_MUST_EXIST, &rc, &err));
+    assert_int_equal(rc, LAPSE_ERR_STORE_MISSING);
+    assert_int_equal(err.code, LAPSE_ERR_STORE_MISSING);
+    assert_non_null(strstr(err.text, "store not found"));
+    assert_non_null(strstr(err.text, path));
+    assert_int_not_equal(access(path, F_OK), 0);
+    /* A missing directory is missing too. */
+    assert_null(lapse_store_open_flags("sqlite:/nonexistent-lapse-dir/x.db",
+                                       LAPSE_STORE_MUST_EXIST, &rc, &err));
+    assert_int_equal(rc, LAPSE_ERR_STORE_MISSING);
+    /* The fixture's store exists: it opens, and keeps its orders. */
+    assert_int_equal(insert(f->store, "ord-1", DEADLINE, NULL, 0), LAPSE_OK);
+    lapse_store_t *again =
+        lapse_store_open_flags(f->uri, LAPSE_STORE_MUST_EXIST, &rc, &err);
+    assert_non_null(again);
+    lapse_order_t order;
+    lapse_order_init(&order);
+    assert_int_equal(lapse_store_get(again, "ord-1", &order, &err), LAPSE_OK);
+    lapse_order_clear(&order);
+    lapse_store_close(again);
+    /* In memory there is no file to miss. */
+    again = lapse_store_open_flags("sqlite::memory:", LAPSE_STORE_MUST_EXIST, &rc, &err);
+    assert_non_null(again);
+    lapse_store_close(again);
+}
+
+static unsigned file_mode(const char *path) {
+    struct stat st;
+    assert_int_equal(stat(path, &st), 0);
+    return (unsigned)(st.st_mode & 07777);
+}
+
+/* A new store file is 0600 whatever the umask, and its -wal and -shm follow it. */
+static void test_new_store_files_are_0600(void **state) {
+    fixture_t *f = *state;
+    static const mode_t umasks[] = {0, 022, 0277};
+    for (size_t i = 0; i < sizeof umasks / sizeof umasks[0]; i++) {
+        char path[128], uri[160], wal[140], shm[140];
+        snprintf(path, sizeof path, "%s/mode%zu.db", f->dir, i);
+        snprintf(uri, sizeof uri, "sqlite:%s", path);
+        snprintf(wal, sizeof wal, "%s-wal", path);
+        snprintf(shm, sizeof shm, "%s-shm", path);
+        mode_t old = umask(umasks[i]);
+        lapse_status_t rc;
+        lapse_error_t err;
+        lapse_store_t *store = lapse_store_open(uri, &rc, &err);
+        umask(old);
+        if (store == NULL) {
+            fail_msg("umask %03o: %s", (unsigned)umasks[i], err.text);
+        }
+        /* A write while the handle is open: the -wal and -shm files exist now. */
+        assert_int_equal(insert(store, "ord-1", DEADLINE, NULL, 0), LAPSE_OK);
+        assert_int_equal(file_mode(path), 0600);
+        assert_int_equal(file_mode(wal), 0600);
+        assert_int_equal(file_mode(shm), 0600);
+        lapse_store_close(store);
+        assert_int_equal(file_mode(path), 0600);
+        unlink(path);
+        unlink(wal);
+        unlink(shm);
+    }
+    /* An existing file keeps the mode its owner gave it. */
+    assert_int_equal(chmod(f->path, 0640), 0);
+    lapse_status_t rc;
+    lapse_store_t *again = lapse_store_open(f->uri, &rc, NULL);
+    assert_non_null(again);
+    lapse_store_close(again);
+    assert_int_equal(file_mode(f->path), 0640);
 }
 
 static void test_open_uses_wal_and_versioned_schema(void **state) {
@@ -818,6 +898,8 @@ static void test_pay_races_cancel_from_two_connections(void **state) {
 int main(void) {
 #define T(name) cmocka_unit_test_setup_teardown(name, setup, teardown)
     const struct CMUnitTest tests[] = {
+        T(test_open_must_exist),
+        T(test_new_store_files_are_0600),
         cmocka_unit_test(test_open_bad_uri),
         cmocka_unit_test(test_names_are_static_strings),
         T(test_open_uses_wal_and_versioned_schema),
