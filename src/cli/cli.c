@@ -86,6 +86,15 @@ void cli_errorf(const char *fmt, ...) {
     va_end(ap);
 }
 
+void cli_say(const char *cmd, const char *fmt, ...) {
+    char lead[64];
+    snprintf(lead, sizeof lead, "lapse %s: ", cmd);
+    va_list ap;
+    va_start(ap, fmt);
+    error_line(lead, fmt, ap, "");
+    va_end(ap);
+}
+
 int cli_fail(lapse_status_t rc, const lapse_error_t *err, const char *what) {
     const char *detail = err && err->text[0] ? err->text : lapse_strerror(rc);
     cli_errorf("%s: %s (%s)", what, detail, lapse_status_name(rc));

@@ -89,6 +89,10 @@ char *cli_redact(const char *text, char *buf, size_t cap);
 /** Print one line "lapse: <printf text>" to stderr, passwords redacted. */
 void cli_errorf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
+/** The same as "lapse <cmd>: <printf text>": a command's own messages that carry
+ *  anything the user typed or a file held. */
+void cli_say(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
 /** Map a status to the exit codes of DESIGN.md. */
 int cli_exit_code(lapse_status_t rc);
 

@@ -35,7 +35,7 @@ static void on_published(void *opaque, uint64_t ref, const char *order_id,
     int *failed = opaque;
     (void)ref;
     if (rc != LAPSE_OK) {
-        fprintf(stderr, "lapse demo: publish %s failed: %s\n", order_id, reason);
+        cli_say("demo", "publish %s failed: %s", order_id, reason);
         (*failed)++;
     }
 }
@@ -170,7 +170,7 @@ int cmd_demo(cli_t *cli, int argc, char **argv) {
     }
     pid_t child = start_consumer(cli);
     if (child < 0) {
-        fprintf(stderr, "lapse demo: cannot start the consumer\n");
+        cli_say("demo", "cannot start the consumer");
         lapse_store_close(store);
         return CLI_EXIT_FAILED;
     }
@@ -275,7 +275,7 @@ out:
     int status = 0;
     waitpid(child, &status, 0);
     if (code == CLI_EXIT_OK && !(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
-        fprintf(stderr, "lapse demo: the consumer did not exit cleanly\n");
+        cli_say("demo", "the consumer did not exit cleanly");
         code = CLI_EXIT_FAILED;
     }
     lapse_store_close(store);

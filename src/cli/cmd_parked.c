@@ -113,8 +113,7 @@ int cmd_parked_replay(cli_t *cli, int argc, char **argv) {
         return cli_usage_error("parked replay", "%s", err.text);
     }
     if (rc == LAPSE_OK && order_id && replayed == 0) {
-        fprintf(stderr, "lapse parked replay: no parked message for order '%s'\n",
-                order_id);
+        cli_say("parked replay", "no parked message for order '%s'", order_id);
         return CLI_EXIT_NOT_FOUND;
     }
     if (rc == LAPSE_OK || replayed > 0) {

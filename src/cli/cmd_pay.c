@@ -48,14 +48,13 @@ int cmd_pay(cli_t *cli, int argc, char **argv) {
             printf("paid order_id=%s\n", order_id);
             break;
         case LAPSE_ERR_STORE_LAPSED:
-            fprintf(stderr, "lapse pay: %s: payment window lapsed at %s\n", order_id,
-                    when);
+            cli_say("pay", "%s: payment window lapsed at %s", order_id, when);
             break;
         case LAPSE_ERR_STORE_STATE:
-            fprintf(stderr, "lapse pay: %s: order was cancelled at %s\n", order_id, when);
+            cli_say("pay", "%s: order was cancelled at %s", order_id, when);
             break;
         case LAPSE_ERR_STORE_NOT_FOUND:
-            fprintf(stderr, "lapse pay: %s: no such order\n", order_id);
+            cli_say("pay", "%s: no such order", order_id);
             break;
         default:
             cli_fail(rc, &err, "pay");

@@ -6,6 +6,7 @@
 #include <lapse/batch.h>
 #include <lapse/publisher.h>
 
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -31,8 +32,7 @@ static void on_single(void *opaque, uint64_t ref, const char *order_id, lapse_st
         o->ok++;
     } else {
         o->failed++;
-        fprintf(stderr, "lapse publish: %s: %s (%s)\n", order_id, reason,
-                lapse_status_name(rc));
+        cli_say("publish", "%s: %s (%s)", order_id, reason, lapse_status_name(rc));
     }
 }
 
@@ -45,8 +45,8 @@ static void on_line(void *opaque, uint64_t line, const char *order_id, lapse_sta
     }
     o->failed++;
     o->last_rc = rc;
-    fprintf(stderr, "lapse publish: line %llu: %s: %s (%s)\n", (unsigned long long)line,
-            order_id, reason, lapse_status_name(rc));
+    cli_say("publish", "line %llu: %s: %s (%s)", (unsigned long long)line, order_id,
+            reason, lapse_status_name(rc));
 }
 
 static lapse_publisher_t *open_publisher(cli_t *cli, lapse_store_t *store,
@@ -62,7 +62,7 @@ static lapse_publisher_t *open_publisher(cli_t *cli, lapse_store_t *store,
             break;
         }
         unsigned delay = 250u << attempt;
-        fprintf(stderr, "lapse publish: %s; retrying in %u ms\n", err.text, delay);
+        cli_say("publish", "%s; retrying in %u ms", err.text, delay);
         usleep(delay * 1000u);
     }
     *code = cli_fail(rc, &err, "connect to the broker");
@@ -116,7 +116,7 @@ static int publish_one(cli_t *cli, const char *order_id, int64_t timeout_ms,
 static int publish_batch(cli_t *cli, const char *path) {
     FILE *in = strcmp(path, "-") == 0 ? stdin : fopen(path, "r");
     if (!in) {
-        perror(path);
+        cli_say("publish", "%s: %s", path, strerror(errno));
         return CLI_EXIT_FAILED;
     }
     int code = CLI_EXIT_OK;
@@ -160,14 +160,13 @@ static int publish_batch(cli_t *cli, const char *path) {
         lapse_error_t lerr = {0};
         int64_t now = lapse_clock_now_ms();
         if (lapse_batch_line_parse(line, (size_t)len, now, &bl, &lerr) != LAPSE_OK) {
-            fprintf(stderr, "lapse publish: line %llu: %s\n", (unsigned long long)lineno,
-                    lerr.text);
+            cli_say("publish", "line %llu: %s", (unsigned long long)lineno, lerr.text);
             bad++;
             continue;
         }
         if (lapse_deadline_check(bl.deadline_ms, now, &lerr) != LAPSE_OK) {
-            fprintf(stderr, "lapse publish: line %llu: %s: %s\n",
-                    (unsigned long long)lineno, bl.order_id, lerr.text);
+            cli_say("publish", "line %llu: %s: %s", (unsigned long long)lineno,
+                    bl.order_id, lerr.text);
             bad++;
             lapse_batch_line_clear(&bl);
             continue;
@@ -200,11 +199,11 @@ static int publish_batch(cli_t *cli, const char *path) {
         cli_fail(rc, &err, "publish stopped");
     }
     if (reader.error) {
-        fprintf(stderr, "lapse publish: %s: %s\n", path, strerror(reader.error));
+        cli_say("publish", "%s: %s", path, strerror(reader.error));
         rc = LAPSE_ERR_IO;
     }
     line_reader_free(&reader);
-    fprintf(stderr, "lapse publish: %llu lines, %zu published, %zu failed\n",
+    cli_say("publish", "%llu lines, %zu published, %zu failed",
             (unsigned long long)lineno, o.ok, o.failed + bad);
     lapse_publisher_close(pub);
     lapse_store_close(store);

@@ -43,7 +43,7 @@ static int order_status(lapse_store_t *store, const char *order_id, int as_json)
     lapse_error_t err = {0};
     lapse_status_t rc = lapse_store_get(store, order_id, &order, &err);
     if (rc == LAPSE_ERR_STORE_NOT_FOUND) {
-        fprintf(stderr, "lapse status: %s: no such order\n", order_id);
+        cli_say("status", "%s: no such order", order_id);
         return CLI_EXIT_NOT_FOUND;
     }
     if (rc != LAPSE_OK) {

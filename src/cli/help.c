@@ -143,18 +143,19 @@ static void print_synopsis(FILE *out, const char *lead, const cli_command_t *c) 
 }
 
 void cli_help_top(FILE *out) {
-    fputs("usage: lapse [OPTION]... COMMAND [ARG]... [OPTION]...\n"
-          "Cancels unpaid orders when their payment window lapses, through RabbitMQ "
-          "dead-lettering.\n\ncommands:\n",
-          out);
+    fputs("usage: lapse [OPTION]... COMMAND [ARG]... [OPTION]...\n", out);
+    wrap(out,
+         "Cancels unpaid orders when their payment window lapses, through RabbitMQ "
+         "dead-lettering.",
+         0, 0);
+    fputs("\n\ncommands:\n", out);
     for (size_t i = 0; i < cli_n_commands; i++) {
         print_synopsis(out, "  ", &cli_commands[i]);
         fprintf(out, "%*s", 6, "");
         wrap(out, cli_commands[i].summary, 6, 6);
         fputc('\n', out);
     }
-    fputs("\nglobal options (before or after the command; a flag beats its environment "
-          "variable):\n",
+    fputs("\nglobal options (before or after the command; a flag beats its variable):\n",
           out);
     for (size_t i = 0; i < cli_n_options; i++) {
         if (shown(&cli_options[i]) && cli_options[i].commands == CLI_GLOBAL) {
@@ -176,11 +177,15 @@ void cli_help_top(FILE *out) {
         fprintf(out, "  %-20s %-16s %s\n", env, flag,
                 commands_text(opt, used_by, sizeof used_by));
     }
-    fputs(
-        "\nexit codes: 0 done, 1 failed, 2 usage error, 3 refused by the order's state, "
-        "4 no such order\n"
-        "Run 'lapse help COMMAND' (or 'lapse COMMAND --help') for a command's options.\n",
-        out);
+    fputc('\n', out);
+    wrap(out,
+         "exit codes: 0 done, 1 failed, 2 usage error, 3 refused by the order's state, 4 "
+         "no "
+         "such order",
+         0, 2);
+    fputs("\nRun 'lapse help COMMAND' (or 'lapse COMMAND --help') for a command's "
+          "options.\n",
+          out);
 }
 
 static void print_globals_line(FILE *out) {

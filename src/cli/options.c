@@ -238,8 +238,9 @@ const cli_command_t cli_commands[] = {
     {CLI_CMD_PARKED_LIST, "parked", "list", "", "show the parked messages",
      "Each parked message, oldest first, without removing or reordering them: when it "
      "was parked, attempts, order id (the message_id, else the body's order_id, else "
-     "'-') and reason. JSON: {\"messages\":[{\"order_id\",\"message_id\",\"reason\","
-     "\"attempts\",\"parked_at_ms\",\"body_bytes\"}],\"listed\":N,\"more\":N}."},
+     "'-') and reason. JSON: {\"messages\": [{\"order_id\", \"message_id\", "
+     "\"reason\", \"attempts\", \"parked_at_ms\", \"body_bytes\"}], \"listed\": N, "
+     "\"more\": N}."},
     {CLI_CMD_PARKED_REPLAY, "parked", "replay", "(--all | ORDER_ID)",
      "send parked messages back to the expired queue",
      "Publishes parked messages back to the expired exchange without the parking "

@@ -1,5 +1,7 @@
 /* SPDX-License-Identifier: MIT
  * Test g: the CLI contract of DESIGN.md (help, usage, exit codes, JSON) for real. */
+/* posix_spawn_file_actions_addchdir_np: a child started in another directory. */
+#define _GNU_SOURCE
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -8,14 +10,25 @@
 
 #include "harness.h"
 
+#include "cli/options.h"
+
+#include <lapse/config.h>
+#include <lapse/store.h>
+
+#include <errno.h>
+#include <fcntl.h>
 #include <jansson.h>
 #include <signal.h>
+#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+
+extern char **environ;
 
 #define OUT_CAP 16384
 
@@ -251,6 +264,16 @@ static void test_publish_pay_status(void **state) {
     size_t mark;
     char *err;
 
+    /* No store yet: pay creates none (exit 1), then an empty store is made. */
+    mark = log_mark(&h);
+    assert_int_equal(h_lapse(&h, out, sizeof out, "pay", "nosuch", NULL), 1);
+    err = log_since(&h, mark);
+    assert_non_null(strstr(err, "store not found"));
+    free(err);
+    assert_int_not_equal(access(h.db_path, F_OK), 0);
+    lapse_store_close(lapse_store_open(h.store, NULL, NULL));
+    assert_int_equal(access(h.db_path, F_OK), 0);
+
     /* Unknown orders: 4, for pay and status alike. */
     mark = log_mark(&h);
     assert_int_equal(h_lapse(&h, out, sizeof out, "pay", "nosuch", NULL), 4);
@@ -317,6 +340,15 @@ static void test_publish_pay_status(void **state) {
         assert_int_equal(q_stat(&h, st, all[i], "consumers"), 0);
     }
     json_decref(st);
+    /* The text shows how long each queue holds a message as a person reads it: the
+     * longest rung holds 2^27 s, the classes keep their names. */
+    assert_int_equal(h_lapse(&h, out, sizeof out, "status", NULL), 0);
+    assert_non_null(strstr(out, " 1553d10h42m8s "));
+    assert_null(strstr(out, "134217728s"));
+    char line10m[256];
+    snprintf(line10m, sizeof line10m, "%s.hold.10m", h.prefix);
+    assert_non_null(strstr(out, line10m));
+    assert_non_null(strstr(strstr(out, line10m), " 10m "));
 
     /* Past its deadline, l1 can no longer be paid, even before it is cancelled. */
     while (wall_ms() <= l1_deadline + 20) {
@@ -584,6 +616,568 @@ static void test_flag_beats_variable(void **state) {
     h_teardown(&h);
 }
 
+/* ---- Issue 9: CLI conventions ---- */
+
+/* Run `lapse args...` (argv[0] is filled in) with no flags added, in directory cwd
+ * (NULL: the test's), stdout into the file out_path ("/dev/full" allowed) and stderr
+ * into err_path, with the test's environment. Returns the exit code. */
+static int run_raw(h_ctx_t *h, const char *cwd, const char *out_path,
+                   const char *err_path, const char *const *args) {
+    const char *argv[32] = {h->bin};
+    size_t n = 1;
+    for (size_t i = 0; args[i] && n < 31; i++) {
+        argv[n++] = args[i];
+    }
+    argv[n] = NULL;
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+    posix_spawn_file_actions_addopen(&fa, 1, out_path, O_WRONLY | O_CREAT | O_TRUNC,
+                                     0644);
+    posix_spawn_file_actions_addopen(&fa, 2, err_path, O_WRONLY | O_CREAT | O_TRUNC,
+                                     0644);
+    if (cwd) {
+        assert_int_equal(posix_spawn_file_actions_addchdir_np(&fa, cwd), 0);
+    }
+    pid_t pid;
+    int rc = posix_spawn(&pid, h->bin, &fa, NULL, (char *const *)argv, environ);
+    posix_spawn_file_actions_destroy(&fa);
+    assert_int_equal(rc, 0);
+    return h_stop(pid, 0, h_ms(60000));
+}
+
+/* Whole file into a new string (caller frees); "" when missing. */
+static char *slurp(const char *path) {
+    FILE *f = fopen(path, "r");
+    size_t cap = 1 << 20;
+    char *buf = calloc(1, cap);
+    assert_non_null(buf);
+    if (f) {
+        size_t n = fread(buf, 1, cap - 1, f);
+        buf[n] = '\0';
+        fclose(f);
+    }
+    return buf;
+}
+
+/* `lapse args...` with stdout and stderr captured (both freed by the caller). */
+static int run_both(h_ctx_t *h, char **out, char **err, const char *const *args) {
+    char out_path[PATH_MAX + 16], err_path[PATH_MAX + 16];
+    snprintf(out_path, sizeof out_path, "%s/raw.out", h->dir);
+    snprintf(err_path, sizeof err_path, "%s/raw.err", h->dir);
+    int code = run_raw(h, NULL, out_path, err_path, args);
+    *out = slurp(out_path);
+    *err = slurp(err_path);
+    return code;
+}
+
+static void test_options_before_or_after_the_command(void **state) {
+    (void)state;
+    h_ctx_t h;
+    h_setup(&h, "cli-order", "2s,10m", true);
+    char out[OUT_CAP], first[OUT_CAP];
+    /* Every global option after the command, and command options among them. */
+    assert_int_equal(h_run(&h, out, sizeof out, "publish", "a1", "--timeout", "10m",
+                           "--amqp", h.amqp, "--store", h.store, "--prefix", h.prefix,
+                           "--classes", h.classes, "--hold", "seat-1", NULL),
+                     0);
+    assert_int_equal(h_sql_int(&h, "SELECT count(*) FROM holds WHERE order_id='a1'"), 1);
+    assert_int_equal(h_run(&h, first, sizeof first, "status", "--json", "--store",
+                           h.store, "--amqp", h.amqp, "--prefix", h.prefix, "--classes",
+                           h.classes, NULL),
+                     0);
+    assert_non_null(strstr(first, "\"pending\":1"));
+    /* The same before the command, and mixed, with --opt=value spellings. */
+    assert_int_equal(h_run(&h, out, sizeof out, "--store", h.store, "--amqp", h.amqp,
+                           "--prefix", h.prefix, "--classes", h.classes, "status",
+                           "--json", NULL),
+                     0);
+    assert_string_equal(out, first);
+    char store_eq[PATH_MAX + 48];
+    snprintf(store_eq, sizeof store_eq, "--store=%s", h.store);
+    assert_int_equal(h_run(&h, out, sizeof out, "--amqp", h.amqp, "status", store_eq,
+                           "--prefix", h.prefix, "--json", "--classes", h.classes, NULL),
+                     0);
+    assert_string_equal(out, first);
+    /* One order, options around it. */
+    assert_int_equal(
+        h_run(&h, out, sizeof out, "status", "--store", h.store, "a1", "--json", NULL),
+        0);
+    assert_non_null(strstr(out, "\"order_id\":\"a1\""));
+    assert_int_equal(h_run(&h, out, sizeof out, "pay", "--store", h.store, "a1", NULL),
+                     0);
+    /* After "--", nothing is an option: "--json" is the order id, which is invalid. */
+    assert_int_equal(h_lapse(&h, out, sizeof out, "status", "--", "--json", NULL), 4);
+    /* A command's option given to another command: one usage line. */
+    expect_usage(&h, "'--limit' does not apply to 'lapse status'",
+                 (const char *[]){"status", "--limit", "3", NULL});
+    expect_usage(&h, "'--all' does not apply to 'lapse parked list'",
+                 (const char *[]){"parked", "list", "--all", NULL});
+    expect_usage(&h, "'--prefetch' does not apply to 'lapse publish'",
+                 (const char *[]){"publish", "x1", "--prefetch", "5", NULL});
+    expect_usage(&h, "'--json' takes no value",
+                 (const char *[]){"status", "--json=yes", NULL});
+    expect_usage(&h, "unknown option '-x'", (const char *[]){"status", "-x", NULL});
+    h_teardown(&h);
+}
+
+static void test_version_and_help(void **state) {
+    (void)state;
+    h_ctx_t h;
+    h_setup(&h, "cli-help", "2s", false);
+    char *out, *err, *top;
+    char want[64];
+    snprintf(want, sizeof want, "lapse %s\n", lapse_version());
+    const char *const version_args[][3] = {
+        {"--version", NULL}, {"-V", NULL}, {"status", "-V", NULL}, {"-V", "frob", NULL}};
+    for (size_t i = 0; i < sizeof version_args / sizeof version_args[0]; i++) {
+        assert_int_equal(run_both(&h, &out, &err, version_args[i]), 0);
+        assert_string_equal(out, want);
+        assert_string_equal(err, "");
+        free(out);
+        free(err);
+    }
+    assert_string_equal(lapse_version(), LAPSE_VERSION);
+
+    /* `help` is `--help`; it lists every option and every variable. */
+    assert_int_equal(run_both(&h, &top, &err, (const char *[]){"--help", NULL}), 0);
+    free(err);
+    assert_int_equal(run_both(&h, &out, &err, (const char *[]){"help", NULL}), 0);
+    assert_string_equal(out, top);
+    assert_string_equal(err, "");
+    free(out);
+    free(err);
+    assert_int_equal(run_both(&h, &out, &err, (const char *[]){"-h", NULL}), 0);
+    assert_string_equal(out, top);
+    free(out);
+    free(err);
+    for (size_t i = 0; i < cli_n_options; i++) {
+        const cli_option_t *opt = &cli_options[i];
+        char flag[64];
+        snprintf(flag, sizeof flag, "--%s", opt->name);
+        bool listed = strstr(top, flag) != NULL;
+        if (listed != !(opt->flags & (CLI_TESTING | CLI_HIDDEN))) {
+            fail_msg("lapse --help %s %s", listed ? "shows" : "leaves out", flag);
+        }
+        const char *env = opt->property ? lapse_config_property_env(opt->property) : NULL;
+        if (env && !strstr(top, env)) {
+            fail_msg("lapse --help leaves out %s", env);
+        }
+    }
+
+    /* Every command: `help CMD` == `CMD --help` == `CMD -h`, exit 0, nothing on stderr.
+     */
+    for (size_t i = 0; i < cli_n_commands; i++) {
+        const cli_command_t *c = &cli_commands[i];
+        const char *name = c->name, *action = c->action;
+        const char *a_help[5] = {"help", name, action, NULL};
+        const char *a_flag[5] = {name, action ? action : "--help",
+                                 action ? "--help" : NULL};
+        const char *a_h[5] = {name, action ? action : "-h", action ? "-h" : NULL};
+        char *by_help, *by_flag;
+        assert_int_equal(run_both(&h, &by_help, &err, a_help), 0);
+        assert_string_equal(err, "");
+        free(err);
+        assert_int_equal(run_both(&h, &by_flag, &err, a_flag), 0);
+        assert_string_equal(err, "");
+        free(err);
+        assert_string_equal(by_help, by_flag);
+        assert_int_equal(run_both(&h, &out, &err, a_h), 0);
+        assert_string_equal(out, by_flag);
+        free(out);
+        free(err);
+        char label[64];
+        snprintf(label, sizeof label, "usage: lapse %s%s%s", name, action ? " " : "",
+                 action ? action : "");
+        if (strncmp(by_flag, label, strlen(label)) != 0) {
+            fail_msg("'%s --help' begins '%.40s'", label + 7, by_flag);
+        }
+        /* Its own options, each with its default and variable when it has them. */
+        for (size_t k = 0; k < cli_n_options; k++) {
+            const cli_option_t *opt = &cli_options[k];
+            if (opt->commands == CLI_GLOBAL || !cli_option_accepts(opt, c->cmd) ||
+                (opt->flags & (CLI_TESTING | CLI_HIDDEN)) ||
+                (c->cmd == CLI_CMD_CONFIG && opt->property)) {
+                continue;
+            }
+            char flag[64];
+            snprintf(flag, sizeof flag, "--%s", opt->name);
+            const char *env =
+                opt->property ? lapse_config_property_env(opt->property) : NULL;
+            if (!strstr(by_flag, flag) || (env && !strstr(by_flag, env))) {
+                fail_msg("'%s --help' leaves out %s", label + 7, flag);
+            }
+        }
+        free(by_help);
+        free(by_flag);
+    }
+    free(top);
+    expect_usage(&h, "unknown command 'frob'", (const char *[]){"help", "frob", NULL});
+    expect_usage(&h, "unknown action 'parked frob'",
+                 (const char *[]){"help", "parked", "frob", NULL});
+    h_teardown(&h);
+}
+
+/* A store file that does not exist, in a fresh directory. */
+static void expect_store_not_found(h_ctx_t *h, const char *missing_uri,
+                                   const char *missing_path, const char *const *args) {
+    const char *a[16] = {"--store", missing_uri, "--amqp",
+                         h->amqp,   "--prefix",  h->prefix};
+    size_t n = 6;
+    for (size_t i = 0; args[i]; i++) {
+        a[n++] = args[i];
+    }
+    char *out, *err;
+    int code = run_both(h, &out, &err, a);
+    fprintf(stderr, "%s %s on a missing store -> %d: %s", args[0], args[1] ? args[1] : "",
+            code, err);
+    assert_int_equal(code, 1);
+    assert_string_equal(out, "");
+    assert_non_null(strstr(err, "store not found"));
+    assert_true(strchr(err, '\n') == err + strlen(err) - 1); /* one line */
+    struct stat st;
+    assert_int_equal(stat(missing_path, &st), -1);
+    assert_int_equal(errno, ENOENT);
+    free(out);
+    free(err);
+}
+
+static void test_read_only_commands_never_create_a_store(void **state) {
+    (void)state;
+    h_ctx_t h;
+    h_setup(&h, "cli-ro", "2s", true);
+    char path[PATH_MAX + 32], uri[PATH_MAX + 48];
+    snprintf(path, sizeof path, "%.*s/typo.db", PATH_MAX - 16, h.dir);
+    snprintf(uri, sizeof uri, "sqlite:%s", path);
+    const char *const cases[][4] = {
+        {"status", NULL},
+        {"status", "--json", NULL},
+        {"status", "o1", NULL},
+        {"pending", NULL},
+        {"sweep", "--dry-run", NULL},
+        {"sweep", "-n", NULL},
+        {"pay", "o1", NULL},
+        {"reconcile", NULL},
+        {"reconcile", "--dry-run", NULL},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        expect_store_not_found(&h, uri, path, cases[i]);
+    }
+    /* The variable, as a typo in LAPSE_STORE would be. */
+    setenv("LAPSE_STORE", uri, 1);
+    char *out, *err;
+    assert_int_equal(
+        run_both(&h, &out, &err, (const char *[]){"pending", "--json", NULL}), 1);
+    assert_non_null(strstr(err, "store not found"));
+    assert_int_not_equal(access(path, F_OK), 0);
+    free(out);
+    free(err);
+    unsetenv("LAPSE_STORE");
+    /* parked list reads the broker only: no store either. */
+    assert_int_equal(h_run(&h, NULL, 0, "--store", uri, "--amqp", h.amqp, "--prefix",
+                           h.prefix, "parked", "list", NULL),
+                     0);
+    assert_int_not_equal(access(path, F_OK), 0);
+
+    /* The default store is relative to the working directory: `lapse status` in a
+     * directory without one (as `/` was in the issue) creates no lapse.db there. */
+    char cwd[PATH_MAX + 16], out_path[PATH_MAX + 32], err_path[PATH_MAX + 32];
+    snprintf(cwd, sizeof cwd, "%s/elsewhere", h.dir);
+    assert_int_equal(mkdir(cwd, 0700), 0);
+    snprintf(out_path, sizeof out_path, "%s/ro.out", h.dir);
+    snprintf(err_path, sizeof err_path, "%s/ro.err", h.dir);
+    assert_int_equal(run_raw(&h, cwd, out_path, err_path,
+                             (const char *[]){"status", "--amqp", h.amqp, NULL}),
+                     1);
+    err = slurp(err_path);
+    assert_non_null(strstr(err, "store not found: sqlite:lapse.db"));
+    free(err);
+    char db[PATH_MAX + 48];
+    snprintf(db, sizeof db, "%s/lapse.db", cwd);
+    assert_int_not_equal(access(db, F_OK), 0);
+
+    /* A command that writes creates it; then the readers find it. */
+    assert_int_equal(h_run(&h, NULL, 0, "--store", uri, "--amqp", h.amqp, "--prefix",
+                           h.prefix, "--classes", h.classes, "publish", "o1", "--timeout",
+                           "2s", NULL),
+                     0);
+    assert_int_equal(h_run(&h, NULL, 0, "--store", uri, "status", "o1", NULL), 0);
+    assert_int_equal(h_run(&h, NULL, 0, "--store", uri, "pending", NULL), 0);
+    h_teardown(&h);
+}
+
+static unsigned mode_of(const char *path) {
+    struct stat st;
+    if (stat(path, &st) != 0) {
+        fail_msg("stat %s: %s", path, strerror(errno));
+    }
+    return (unsigned)(st.st_mode & 07777);
+}
+
+static void test_new_store_files_are_private(void **state) {
+    (void)state;
+    h_ctx_t h;
+    h_setup(&h, "cli-mode", "2s", true);
+    static const mode_t umasks[] = {0, 022, 077};
+    for (size_t i = 0; i < sizeof umasks / sizeof umasks[0]; i++) {
+        char path[PATH_MAX];
+        snprintf(path, sizeof path, "%.*s/mode-%03o.db", PATH_MAX - 32, h.dir,
+                 (unsigned)umasks[i]);
+        snprintf(h.store, sizeof h.store, "sqlite:%s", path);
+        mode_t old = umask(umasks[i]);
+        /* A consumer holds the store open, so its -wal and -shm files exist. */
+        char log[32];
+        snprintf(log, sizeof log, "consumer-%zu.log", i);
+        pid_t consumer = h_spawn_consumer(&h, log, NULL);
+        umask(old);
+        char wal[PATH_MAX + 48], shm[PATH_MAX + 48];
+        snprintf(wal, sizeof wal, "%s-wal", path);
+        snprintf(shm, sizeof shm, "%s-shm", path);
+        for (int t = 0;
+             t < h_ms(200) && (h_count_lines(&h, log, "event=consuming") < 1 ||
+                               access(wal, F_OK) != 0 || access(shm, F_OK) != 0);
+             t++) {
+            usleep(50000);
+        }
+        fprintf(stderr, "umask %03o: db %03o wal %03o shm %03o\n", (unsigned)umasks[i],
+                mode_of(path), mode_of(wal), mode_of(shm));
+        assert_int_equal(mode_of(path), 0600);
+        assert_int_equal(mode_of(wal), 0600);
+        assert_int_equal(mode_of(shm), 0600);
+        assert_int_equal(h_stop(consumer, SIGTERM, h_ms(10000)), 0);
+    }
+    h_teardown(&h);
+}
+
+static void test_stdout_write_error_exits_1(void **state) {
+    (void)state;
+    h_ctx_t h;
+    h_setup(&h, "cli-full", "2s", false);
+    char err_path[PATH_MAX + 32];
+    snprintf(err_path, sizeof err_path, "%s/full.err", h.dir);
+    /* A big output (written while the command runs) and a small one (at exit). */
+    const char *const cases[][3] = {
+        {"topology", "export", NULL}, {"--version", NULL}, {"help", "--markdown", NULL}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int code = run_raw(&h, NULL, "/dev/full", err_path, cases[i]);
+        char *err = slurp(err_path);
+        fprintf(stderr, "%s > /dev/full -> %d: %s", cases[i][0], code, err);
+        assert_int_equal(code, 1);
+        assert_string_equal(err,
+                            "lapse: write error on stdout: No space left on device\n");
+        free(err);
+    }
+    h_teardown(&h);
+}
+
+static void expect_no_secret(h_ctx_t *h, int want_code, const char *fragment,
+                             const char *const *args) {
+    char *out, *err;
+    int code = run_both(h, &out, &err, args);
+    fprintf(stderr, "secret case [%s %s] -> %d: %s", args[0], args[1] ? args[1] : "",
+            code, err);
+    assert_int_equal(code, want_code);
+    if (strstr(err, "s3cr3t") || strstr(out, "s3cr3t")) {
+        fail_msg("the password was shown: %s%s", err, out);
+    }
+    if (fragment && !strstr(err, fragment)) {
+        fail_msg("'%s' not in: %s", fragment, err);
+    }
+    free(out);
+    free(err);
+}
+
+static void test_secrets_are_never_echoed(void **state) {
+    (void)state;
+    h_ctx_t h;
+    h_setup(&h, "cli-secret", "2s", false);
+    /* Mistyped flag names: reported by name, the value never. */
+    expect_no_secret(&h, 2, "unknown option '--amqp-url'",
+                     (const char *[]){"--amqp-url=amqp://u:s3cr3t@h/", "status", NULL});
+    expect_no_secret(&h, 2, "unknown option '--amqp-url'",
+                     (const char *[]){"status", "--amqp-url=amqp://u:s3cr3t@h/", NULL});
+    expect_no_secret(
+        &h, 2, "unknown option '--amqp-url'",
+        (const char *[]){"status", "--amqp-url", "amqp://u:s3cr3t@h/", NULL});
+    expect_no_secret(
+        &h, 2, "unknown option '--storage'",
+        (const char *[]){"--storage=postgres://u:s3cr3t@db/x", "status", NULL});
+    /* Invalid values of secret-bearing options and variables. */
+    const char *const bad_urls[] = {
+        "http://u:s3cr3t@h/",    "amqps://u:s3cr3t@h/%2f", "amqp://u:s3cr3t@h:99999/",
+        "amqp://u:s3cr3t@h/",    "amqp://u:s3cr3t@h/a/b",  "amqp://u:s3 cr3t@h/%2f",
+        "amqp://u:s3cr3t@h/%zz",
+    };
+    for (size_t i = 0; i < sizeof bad_urls / sizeof bad_urls[0]; i++) {
+        expect_no_secret(&h, 2, "--amqp",
+                         (const char *[]){"--amqp", bad_urls[i], "status", NULL});
+        char eq[128];
+        snprintf(eq, sizeof eq, "--amqp=%s", bad_urls[i]);
+        expect_no_secret(&h, 2, "--amqp", (const char *[]){"config", eq, NULL});
+        setenv("LAPSE_AMQP_URL", bad_urls[i], 1);
+        expect_no_secret(&h, 2, "LAPSE_AMQP_URL", (const char *[]){"config", NULL});
+        unsetenv("LAPSE_AMQP_URL");
+    }
+    expect_no_secret(
+        &h, 2, "--store",
+        (const char *[]){"--store", "mysql://u:s3cr3t@db/x", "status", NULL});
+    expect_no_secret(
+        &h, 2, "store",
+        (const char *[]){"--store", "postgres://u:s3cr3t@db/x", "status", NULL});
+    /* A password where something else was expected. */
+    expect_no_secret(&h, 2, "unknown command",
+                     (const char *[]){"amqp://u:s3cr3t@h/", "status", NULL});
+    expect_no_secret(&h, 2, "classes",
+                     (const char *[]){"--classes", "amqp://u:s3cr3t@h/", "config", NULL});
+    expect_no_secret(&h, 2, "invalid order id",
+                     (const char *[]){"publish", "amqp://u:s3cr3t@h/", NULL});
+    expect_no_secret(&h, 2, "invalid order id",
+                     (const char *[]){"pay", "amqp://u:s3cr3t@h/", NULL});
+    expect_no_secret(&h, 2, "unexpected argument",
+                     (const char *[]){"pending", "amqp://u:s3cr3t@h/", NULL});
+    /* A good URL with a password: `config` shows it as ***. */
+    expect_no_secret(&h, 0, NULL,
+                     (const char *[]){"config", "--amqp", "amqp://u:s3cr3t@h/%2f", NULL});
+    h_teardown(&h);
+}
+
+/* `lapse config --json` with args: the setting's value and where it came from. */
+static void config_value(h_ctx_t *h, const cli_option_t *opt, const char *const *args,
+                         char *value, char *from) {
+    char *out, *err;
+    int code = run_both(h, &out, &err, args);
+    if (code != 0) {
+        fail_msg("config for --%s -> %d: %s", opt->name, code, err);
+    }
+    json_error_t jerr;
+    json_t *root = json_loads(out, 0, &jerr);
+    assert_non_null(root);
+    json_t *row = json_object_get(root, opt->name);
+    if (!row) {
+        fail_msg("config --json has no \"%s\": %s", opt->name, out);
+    }
+    snprintf(value, 512, "%s", json_string_value(json_object_get(row, "value")));
+    snprintf(from, 64, "%s", json_string_value(json_object_get(row, "from")));
+    json_decref(root);
+    free(out);
+    free(err);
+}
+
+/* Table-driven over the option table itself: a new setting is tested by its row. */
+static void test_every_setting_has_a_variable_and_the_flag_beats_it(void **state) {
+    (void)state;
+    h_ctx_t h;
+    h_setup(&h, "cli-vars", "2s", false);
+    size_t settings = 0;
+    for (size_t i = 0; i < cli_n_options; i++) {
+        const cli_option_t *opt = &cli_options[i];
+        if (!opt->property || (opt->flags & CLI_TESTING)) {
+            continue;
+        }
+        settings++;
+        const char *env = lapse_config_property_env(opt->property);
+        const char *def = lapse_config_property_default(opt->property);
+        if (!env || !def || !opt->example) {
+            fail_msg("--%s: setting without a variable, default or example", opt->name);
+        }
+        unsetenv(env);
+        char d[512], e[512], f[512], from[64];
+        config_value(&h, opt, (const char *[]){"config", "--json", NULL}, d, from);
+        assert_string_equal(from, "default");
+        /* The variable counts... */
+        setenv(env, opt->example, 1);
+        config_value(&h, opt, (const char *[]){"config", "--json", NULL}, e, from);
+        fprintf(stderr, "--%s: default %s, %s=%s gives %s (from %s)\n", opt->name, d, env,
+                opt->example, e, from);
+        assert_string_equal(from, env);
+        assert_string_not_equal(e, d);
+        /* ...and the flag, before or after the command, beats it. */
+        char flag[96];
+        snprintf(flag, sizeof flag, "--%s", opt->name);
+        config_value(&h, opt, (const char *[]){"config", "--json", flag, def, NULL}, f,
+                     from);
+        assert_string_equal(f, d);
+        assert_string_equal(from, flag);
+        config_value(&h, opt, (const char *[]){flag, def, "config", "--json", NULL}, f,
+                     from);
+        assert_string_equal(f, d);
+        /* An empty variable counts as unset. */
+        setenv(env, "", 1);
+        config_value(&h, opt, (const char *[]){"config", "--json", NULL}, f, from);
+        assert_string_equal(f, d);
+        assert_string_equal(from, "default");
+        unsetenv(env);
+    }
+    fprintf(stderr, "%zu settings\n", settings);
+    assert_true(settings >= 11);
+    /* Every property that has a variable has an option. */
+    for (size_t i = 0; lapse_config_property_name(i); i++) {
+        const char *name = lapse_config_property_name(i);
+        if (!lapse_config_property_env(name)) {
+            continue;
+        }
+        bool found = false;
+        for (size_t k = 0; k < cli_n_options; k++) {
+            found = found || (cli_options[k].property &&
+                              strcmp(cli_options[k].property, name) == 0);
+        }
+        if (!found) {
+            fail_msg("property %s has no option", name);
+        }
+    }
+    /* A bad consumer variable does not stop a command that does not use it... */
+    setenv("LAPSE_PREFETCH", "lots", 1);
+    char *out, *err;
+    assert_int_equal(
+        run_both(&h, &out, &err, (const char *[]){"topology", "export", NULL}), 0);
+    free(out);
+    free(err);
+    /* ...and stops one that does, naming it. */
+    assert_int_equal(run_both(&h, &out, &err, (const char *[]){"consume", NULL}), 2);
+    assert_true(strncmp(err, "lapse: LAPSE_PREFETCH: ", 23) == 0);
+    free(out);
+    free(err);
+    unsetenv("LAPSE_PREFETCH");
+    h_teardown(&h);
+}
+
+static void test_readme_reference_is_generated(void **state) {
+    (void)state;
+    h_ctx_t h;
+    h_setup(&h, "cli-readme", "2s", false);
+    const char *src = getenv("LAPSE_SOURCE_DIR");
+    assert_non_null(src);
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/README.md", src);
+    char *readme = slurp(path);
+    char *out, *err;
+    assert_int_equal(
+        run_both(&h, &out, &err, (const char *[]){"help", "--markdown", NULL}), 0);
+    assert_string_equal(err, "");
+    const char *begin = strstr(readme, "<!-- options:begin");
+    const char *end_marker = "<!-- options:end -->\n";
+    const char *end = begin ? strstr(begin, end_marker) : NULL;
+    if (!begin || !end) {
+        fail_msg("README.md has no options:begin/options:end block");
+    }
+    size_t len = (size_t)(end + strlen(end_marker) - begin);
+    if (len != strlen(out) || memcmp(begin, out, len) != 0) {
+        fail_msg("README.md's options reference differs from `lapse help --markdown`; "
+                 "run scripts/readme-options");
+    }
+    /* It names every shown option and variable, and not the testing hooks. */
+    for (size_t i = 0; i < cli_n_options; i++) {
+        char flag[64];
+        snprintf(flag, sizeof flag, "`--%s", cli_options[i].name);
+        bool shown = !(cli_options[i].flags & (CLI_TESTING | CLI_HIDDEN));
+        assert_int_equal(strstr(out, flag) != NULL, shown);
+    }
+    free(out);
+    free(err);
+    free(readme);
+    h_teardown(&h);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_help_and_usage_errors),
@@ -592,6 +1186,15 @@ int main(void) {
         cmocka_unit_test(test_unreachable_broker),
         cmocka_unit_test(test_returned_publish_fails_and_stays_unscheduled),
         cmocka_unit_test_teardown(test_flag_beats_variable, unset_env),
+        cmocka_unit_test(test_options_before_or_after_the_command),
+        cmocka_unit_test(test_version_and_help),
+        cmocka_unit_test_teardown(test_read_only_commands_never_create_a_store,
+                                  unset_env),
+        cmocka_unit_test(test_new_store_files_are_private),
+        cmocka_unit_test(test_stdout_write_error_exits_1),
+        cmocka_unit_test(test_secrets_are_never_echoed),
+        cmocka_unit_test(test_every_setting_has_a_variable_and_the_flag_beats_it),
+        cmocka_unit_test(test_readme_reference_is_generated),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
