@@ -4,7 +4,14 @@
  * (parse.c), every help text and the README's reference (help.c) are made from it, and
  * each setting's environment variable and default come from the config library's own
  * table, so nothing here can drift from what the code does. Adding an option is adding a
- * row. */
+ * row:
+ *  - a setting: its property's row in src/config.c (name, variable, default, parser)
+ *    and a row here with .property, .metavar, .example (a valid value other than the
+ *    default: the tests set it through the variable) and the commands that use it;
+ *  - a command-local option: a row here with a cli_opt_id_t the command reads with
+ *    cli_opt().
+ * Then scripts/readme-options; integration_cli and unit_cli_options walk the table, so
+ * the new row is tested without a new test. */
 #include "options.h"
 
 #include <string.h>
