@@ -246,7 +246,8 @@ int cli_parse(cli_t *cli, int argc, char **argv, int *n_pos, char ***pos_out) {
             given[n_local++] = (cli_given_t){opt, given[i].value};
         }
     }
-    if (code == CLI_RUN) {
+    /* `lapse help` reads no setting, so a bad variable does not keep it from helping. */
+    if (code == CLI_RUN && cli->command->cmd != CLI_CMD_HELP) {
         code = apply_settings(cli, settings, n_settings);
     }
     free(settings);

@@ -288,6 +288,40 @@ static void test_parse_options_anywhere(void **state) {
     done(&cli, pos);
 }
 
+/* A bad variable is a usage error naming it, for the commands that read it only. */
+static void test_parse_variables(void **state) {
+    (void)state;
+    cli_t cli;
+    int n;
+    char **pos;
+    setenv("LAPSE_PREFIX", "not a prefix!", 1);
+    assert_int_equal(parse(&cli, (const char *[]){"config", NULL}, &n, &pos),
+                     CLI_EXIT_USAGE);
+    done(&cli, pos);
+    /* Its flag hides it; help never reads it. */
+    assert_int_equal(
+        parse(&cli, (const char *[]){"config", "--prefix", "ok", NULL}, &n, &pos),
+        CLI_RUN);
+    done(&cli, pos);
+    assert_int_equal(parse(&cli, (const char *[]){"help", "status", NULL}, &n, &pos),
+                     CLI_RUN);
+    done(&cli, pos);
+    unsetenv("LAPSE_PREFIX");
+    setenv("LAPSE_PREFETCH", "0", 1);
+    assert_int_equal(parse(&cli, (const char *[]){"consume", NULL}, &n, &pos),
+                     CLI_EXIT_USAGE);
+    done(&cli, pos);
+    assert_int_equal(parse(&cli, (const char *[]){"status", NULL}, &n, &pos), CLI_RUN);
+    done(&cli, pos);
+    setenv("LAPSE_PREFETCH", "7", 1);
+    assert_int_equal(parse(&cli, (const char *[]){"consume", NULL}, &n, &pos), CLI_RUN);
+    assert_string_equal(lapse_config_get(cli.cfg, "prefetch"), "7");
+    const cli_option_t *row = cli_option_find("prefetch", CLI_CMD_CONSUME);
+    assert_string_equal(cli.from[row - cli_options], "LAPSE_PREFETCH");
+    done(&cli, pos);
+    unsetenv("LAPSE_PREFETCH");
+}
+
 static void test_parse_refuses(void **state) {
     (void)state;
     cli_t cli;
@@ -319,6 +353,7 @@ int main(void) {
         cmocka_unit_test(test_texts_name_every_option),
         cmocka_unit_test(test_redact_hides_url_passwords),
         cmocka_unit_test(test_parse_options_anywhere),
+        cmocka_unit_test(test_parse_variables),
         cmocka_unit_test(test_parse_refuses),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
