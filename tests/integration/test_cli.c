@@ -100,6 +100,91 @@ static void expect_usage(h_ctx_t *h, const char *fragment, const char *const *ar
     free(err);
 }
 
+/* Run `lapse args...` (argv[0] is filled in) with no flags added, in directory cwd
+ * (NULL: the test's), stdout into the file out_path ("/dev/full" allowed) and stderr
+ * into err_path, with the test's environment. Returns the exit code. */
+static int run_raw(h_ctx_t *h, const char *cwd, const char *out_path,
+                   const char *err_path, const char *const *args) {
+    const char *argv[32] = {h->bin};
+    size_t n = 1;
+    for (size_t i = 0; args[i] && n < 31; i++) {
+        argv[n++] = args[i];
+    }
+    argv[n] = NULL;
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+    posix_spawn_file_actions_addopen(&fa, 1, out_path, O_WRONLY | O_CREAT | O_TRUNC,
+                                     0644);
+    posix_spawn_file_actions_addopen(&fa, 2, err_path, O_WRONLY | O_CREAT | O_TRUNC,
+                                     0644);
+    if (cwd) {
+        assert_int_equal(posix_spawn_file_actions_addchdir_np(&fa, cwd), 0);
+    }
+    pid_t pid;
+    int rc = posix_spawn(&pid, h->bin, &fa, NULL, (char *const *)argv, environ);
+    posix_spawn_file_actions_destroy(&fa);
+    assert_int_equal(rc, 0);
+    return h_stop(pid, 0, h_ms(60000));
+}
+
+/* Whole file into a new string (caller frees); "" when missing. */
+static char *slurp(const char *path) {
+    FILE *f = fopen(path, "r");
+    size_t cap = 1 << 20;
+    char *buf = calloc(1, cap);
+    assert_non_null(buf);
+    if (f) {
+        size_t n = fread(buf, 1, cap - 1, f);
+        buf[n] = '\0';
+        fclose(f);
+    }
+    return buf;
+}
+
+/* `lapse args...` with stdout and stderr captured (both freed by the caller). */
+static int run_both(h_ctx_t *h, char **out, char **err, const char *const *args) {
+    char out_path[PATH_MAX + 16], err_path[PATH_MAX + 16];
+    snprintf(out_path, sizeof out_path, "%s/raw.out", h->dir);
+    snprintf(err_path, sizeof err_path, "%s/raw.err", h->dir);
+    int code = run_raw(h, NULL, out_path, err_path, args);
+    *out = slurp(out_path);
+    *err = slurp(err_path);
+    return code;
+}
+
+/* The test's queues and exchanges off the broker (h_teardown leaves them): a node that
+ * a later test restarts (the fault tests) recovers every queue still there, ~31 a test.
+ */
+static void drop_topology(h_ctx_t *h) {
+    char *out, *err;
+    const char *const args[] = {"--prefix", h->prefix, "--classes", h->classes,
+                                "topology", "export",  NULL};
+    if (run_both(h, &out, &err, args) == 0) {
+        json_t *defs = json_loads(out, 0, NULL);
+        amqp_connection_state_t conn = h_amqp_open(h);
+        size_t i;
+        json_t *item;
+        json_array_foreach(json_object_get(defs, "queues"), i, item) {
+            const char *name = json_string_value(json_object_get(item, "name"));
+            amqp_queue_delete(conn, 1, amqp_cstring_bytes(name), 0, 0);
+        }
+        json_array_foreach(json_object_get(defs, "exchanges"), i, item) {
+            const char *name = json_string_value(json_object_get(item, "name"));
+            amqp_exchange_delete(conn, 1, amqp_cstring_bytes(name), 0);
+        }
+        h_amqp_close(conn);
+        json_decref(defs);
+    }
+    free(out);
+    free(err);
+}
+
+static void cli_teardown(h_ctx_t *h) {
+    drop_topology(h);
+    h_teardown(h);
+}
+
 static void test_help_and_usage_errors(void **state) {
     (void)state;
     h_ctx_t h;
@@ -406,7 +491,7 @@ static void test_publish_pay_status(void **state) {
     }
     json_decref(st);
     assert_int_equal(h_stop(consumer, SIGTERM, h_ms(10000)), 0);
-    h_teardown(&h);
+    cli_teardown(&h);
 }
 
 static void test_batch_with_bad_lines(void **state) {
@@ -464,7 +549,7 @@ static void test_batch_with_bad_lines(void **state) {
     assert_int_equal(
         h_queue_depth(conn, q2) + h_queue_depth(conn, q3) + h_queue_depth(conn, qx), 3);
     h_amqp_close(conn);
-    h_teardown(&h);
+    cli_teardown(&h);
 }
 
 static void test_unreachable_broker(void **state) {
@@ -517,7 +602,7 @@ static void test_unreachable_broker(void **state) {
     assert_int_equal(h_sql_int(&h, "SELECT count(*) FROM orders WHERE order_id='u1' AND "
                                    "status='pending' AND scheduled=1"),
                      1);
-    h_teardown(&h);
+    cli_teardown(&h);
 }
 
 static int64_t count_in(const char *db_path, const char *order_id) {
@@ -575,7 +660,7 @@ static void test_returned_publish_fails_and_stays_unscheduled(void **state) {
     assert_int_equal(h_lapse(&h, NULL, 0, "publish", "r2", "--timeout", "2s", NULL), 0);
     assert_int_equal(h_sql_int(&h, "SELECT scheduled FROM orders WHERE order_id='r2'"),
                      1);
-    h_teardown(&h);
+    cli_teardown(&h);
 }
 
 static void test_flag_beats_variable(void **state) {
@@ -613,63 +698,10 @@ static void test_flag_beats_variable(void **state) {
     assert_true(strncmp(err, "lapse: LAPSE_PREFIX", 19) == 0);
     free(err);
     unset_env(NULL);
-    h_teardown(&h);
+    cli_teardown(&h);
 }
 
 /* ---- Issue 9: CLI conventions ---- */
-
-/* Run `lapse args...` (argv[0] is filled in) with no flags added, in directory cwd
- * (NULL: the test's), stdout into the file out_path ("/dev/full" allowed) and stderr
- * into err_path, with the test's environment. Returns the exit code. */
-static int run_raw(h_ctx_t *h, const char *cwd, const char *out_path,
-                   const char *err_path, const char *const *args) {
-    const char *argv[32] = {h->bin};
-    size_t n = 1;
-    for (size_t i = 0; args[i] && n < 31; i++) {
-        argv[n++] = args[i];
-    }
-    argv[n] = NULL;
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
-    posix_spawn_file_actions_addopen(&fa, 1, out_path, O_WRONLY | O_CREAT | O_TRUNC,
-                                     0644);
-    posix_spawn_file_actions_addopen(&fa, 2, err_path, O_WRONLY | O_CREAT | O_TRUNC,
-                                     0644);
-    if (cwd) {
-        assert_int_equal(posix_spawn_file_actions_addchdir_np(&fa, cwd), 0);
-    }
-    pid_t pid;
-    int rc = posix_spawn(&pid, h->bin, &fa, NULL, (char *const *)argv, environ);
-    posix_spawn_file_actions_destroy(&fa);
-    assert_int_equal(rc, 0);
-    return h_stop(pid, 0, h_ms(60000));
-}
-
-/* Whole file into a new string (caller frees); "" when missing. */
-static char *slurp(const char *path) {
-    FILE *f = fopen(path, "r");
-    size_t cap = 1 << 20;
-    char *buf = calloc(1, cap);
-    assert_non_null(buf);
-    if (f) {
-        size_t n = fread(buf, 1, cap - 1, f);
-        buf[n] = '\0';
-        fclose(f);
-    }
-    return buf;
-}
-
-/* `lapse args...` with stdout and stderr captured (both freed by the caller). */
-static int run_both(h_ctx_t *h, char **out, char **err, const char *const *args) {
-    char out_path[PATH_MAX + 16], err_path[PATH_MAX + 16];
-    snprintf(out_path, sizeof out_path, "%s/raw.out", h->dir);
-    snprintf(err_path, sizeof err_path, "%s/raw.err", h->dir);
-    int code = run_raw(h, NULL, out_path, err_path, args);
-    *out = slurp(out_path);
-    *err = slurp(err_path);
-    return code;
-}
 
 static void test_options_before_or_after_the_command(void **state) {
     (void)state;
@@ -718,7 +750,7 @@ static void test_options_before_or_after_the_command(void **state) {
     expect_usage(&h, "'--json' takes no value",
                  (const char *[]){"status", "--json=yes", NULL});
     expect_usage(&h, "unknown option '-x'", (const char *[]){"status", "-x", NULL});
-    h_teardown(&h);
+    cli_teardown(&h);
 }
 
 static void test_version_and_help(void **state) {
@@ -903,7 +935,7 @@ static void test_read_only_commands_never_create_a_store(void **state) {
                      0);
     assert_int_equal(h_run(&h, NULL, 0, "--store", uri, "status", "o1", NULL), 0);
     assert_int_equal(h_run(&h, NULL, 0, "--store", uri, "pending", NULL), 0);
-    h_teardown(&h);
+    cli_teardown(&h);
 }
 
 static unsigned mode_of(const char *path) {
@@ -946,7 +978,7 @@ static void test_new_store_files_are_private(void **state) {
         assert_int_equal(mode_of(shm), 0600);
         assert_int_equal(h_stop(consumer, SIGTERM, h_ms(10000)), 0);
     }
-    h_teardown(&h);
+    cli_teardown(&h);
 }
 
 static void test_stdout_write_error_exits_1(void **state) {
