@@ -6,6 +6,7 @@
 
 #include <errno.h>
 #include <stdarg.h>
+#include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 #include <unistd.h>
@@ -58,7 +59,7 @@ char *cli_redact(const char *text, char *buf, size_t cap) {
         const char *resume = secret ? at : user;
         const char *keep_to = secret ? colon + 1 : user;
         int n = snprintf(buf + used, cap - used, "%.*s%s", (int)(keep_to - p), p,
-                         resume == at ? "***" : "");
+                         secret ? "***" : "");
         used += n > 0 ? (size_t)n : 0;
         if (used >= cap) {
             buf[cap - 1] = '\0';
@@ -70,13 +71,28 @@ char *cli_redact(const char *text, char *buf, size_t cap) {
     return buf;
 }
 
-/* One line to stderr, passwords redacted: every error of the CLI goes through here. */
+/* One line to stderr, passwords redacted: every error of the CLI goes through here. The
+ * whole text is redacted before it is cut to a line's length, so a cut can never leave
+ * the start of a password behind. */
 static void error_line(const char *lead, const char *fmt, va_list ap, const char *tail) {
-    char text[1024], safe[1024];
-    vsnprintf(text, sizeof text, fmt, ap);
-    /* One line, as DESIGN.md asks of every error. */
-    text[strcspn(text, "\n")] = '\0';
-    fprintf(stderr, "%s%s%s\n", lead, cli_redact(text, safe, sizeof safe), tail);
+    va_list again;
+    va_copy(again, ap);
+    int n = vsnprintf(NULL, 0, fmt, again);
+    va_end(again);
+    size_t len = n > 0 ? (size_t)n : 0;
+    /* "***" replaces passwords of any length, so the redacted text may be longer. */
+    char *text = malloc(len + 1);
+    char *safe = malloc(2 * len + 4);
+    if (!text || !safe) {
+        fprintf(stderr, "%sout of memory while reporting an error%s\n", lead, tail);
+    } else {
+        vsnprintf(text, len + 1, fmt, ap);
+        /* One line, as DESIGN.md asks of every error. */
+        text[strcspn(text, "\n")] = '\0';
+        fprintf(stderr, "%s%.1000s%s\n", lead, cli_redact(text, safe, 2 * len + 4), tail);
+    }
+    free(text);
+    free(safe);
 }
 
 void cli_errorf(const char *fmt, ...) {

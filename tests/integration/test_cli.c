@@ -1067,6 +1067,13 @@ static void test_secrets_are_never_echoed(void **state) {
                      (const char *[]){"pay", "amqp://u:s3cr3t@h/", NULL});
     expect_no_secret(&h, 2, "unexpected argument",
                      (const char *[]){"pending", "amqp://u:s3cr3t@h/", NULL});
+    /* A long argument: the line is cut after the password was hidden, not before. */
+    for (size_t pad = 960; pad < 1040; pad += 7) {
+        char arg[1200];
+        memset(arg, 'x', pad);
+        snprintf(arg + pad, sizeof arg - pad, "amqp://u:s3cr3t@h/");
+        expect_no_secret(&h, 2, "unknown command", (const char *[]){arg, NULL});
+    }
     /* A good URL with a password: `config` shows it as ***. */
     expect_no_secret(&h, 0, NULL,
                      (const char *[]){"config", "--amqp", "amqp://u:s3cr3t@h/%2f", NULL});

@@ -195,6 +195,8 @@ static void test_redact_hides_url_passwords(void **state) {
         {"expected amqp://user:password@host:port/vhost",
          "expected amqp://user:password@host:port/vhost"},
         {"amqp://:s3cr3t@h/", "amqp://:***@h/"},
+        {"amqp://@h/", "amqp://@h/"},
+        {"amqp://u:1@h/", "amqp://u:***@h/"},
         {"://", "://"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
