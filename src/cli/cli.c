@@ -74,6 +74,9 @@ char *cli_redact(const char *text, char *buf, size_t cap) {
 /* One line to stderr, passwords redacted: every error of the CLI goes through here. The
  * whole text is redacted before it is cut to a line's length, so a cut can never leave
  * the start of a password behind. */
+static void error_line(const char *lead, const char *fmt, va_list ap, const char *tail)
+    __attribute__((format(printf, 2, 0)));
+
 static void error_line(const char *lead, const char *fmt, va_list ap, const char *tail) {
     va_list again;
     va_copy(again, ap);
