@@ -40,7 +40,8 @@ int cli_fail(lapse_status_t rc, const lapse_error_t *err, const char *what) {
 int cli_usage_error(const char *cmd, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    /* One line, as DESIGN.md asks of every error; the usage is one --help away. */
+    /* One line, as docs/design.md ("The command line") asks of every error; the
+     * usage is one --help away. */
     fprintf(stderr, "lapse %s: ", cmd);
     vfprintf(stderr, fmt, ap);
     fprintf(stderr, " (see 'lapse %s --help')\n", cmd);

@@ -35,7 +35,7 @@ int cmd_sweep(cli_t *cli, int argc, char **argv);
 int cmd_reconcile(cli_t *cli, int argc, char **argv);
 int cmd_parked(cli_t *cli, int argc, char **argv);
 
-/** Map a status to the exit codes of DESIGN.md. */
+/** Map a status to the exit codes of docs/design.md, "The command line". */
 int cli_exit_code(lapse_status_t rc);
 
 /** Print "lapse: <what>: <reason>" to stderr; returns cli_exit_code(rc). */
