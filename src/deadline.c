@@ -277,3 +277,13 @@ int64_t lapse__mono_ms(void) {
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (int64_t)ts.tv_sec * MS_PER_S + ts.tv_nsec / 1000000;
 }
+
+int64_t lapse__time_add(int64_t a, int64_t b) {
+    if (b > 0 && a > INT64_MAX - b) {
+        return INT64_MAX;
+    }
+    if (b < 0 && a < INT64_MIN - b) {
+        return INT64_MIN;
+    }
+    return a + b;
+}

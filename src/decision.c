@@ -5,16 +5,6 @@
 
 #include "ladder_int.h"
 
-int64_t lapse__time_add(int64_t a, int64_t b) {
-    if (b > 0 && a > INT64_MAX - b) {
-        return INT64_MAX;
-    }
-    if (b < 0 && a < INT64_MIN - b) {
-        return INT64_MIN;
-    }
-    return a + b;
-}
-
 void lapse__clock_init(lapse__clock_t *clk) {
     *clk = (lapse__clock_t){.offset_ms = INT64_MIN, .wall_minus_mono = INT64_MIN};
 }

@@ -6,6 +6,8 @@
 #ifndef LAPSE_DECISION_INT_H
 #define LAPSE_DECISION_INT_H
 
+#include "clock_int.h"
+
 #include <lapse/store.h>
 
 #include <stdbool.h>
@@ -85,9 +87,6 @@ int64_t lapse__clock_decide_now(const lapse__clock_t *clk, int64_t wall_ms,
  */
 int64_t lapse__clock_sweep_now(const lapse__clock_t *clk, int64_t wall_ms,
                                int64_t mono_ms);
-
-/** Overflow-checked a + b for times and durations: saturates at INT64_MIN/INT64_MAX. */
-int64_t lapse__time_add(int64_t a, int64_t b);
 
 /** What happens to one delivery. */
 typedef enum lapse__action {
