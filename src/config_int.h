@@ -48,6 +48,11 @@ void lapse__log(const lapse_config_t *cfg, lapse_log_level_t level, const char *
 #endif
     ;
 
+/** Copy in to out (cap bytes, NUL-terminated, cut short when it does not fit) with every
+ *  control byte (below 0x20, and 0x7f) written as \\xHH, so that text from a message, the
+ *  broker or a file stays one line and cannot drive a terminal. Returns out. */
+char *lapse__escape_ctl(const char *in, char *out, size_t cap);
+
 /** The class whose TTL equals ttl_ms exactly, or NULL. Borrowed from cfg. */
 const lapse__class_t *lapse__config_find_class(const lapse_config_t *cfg, int64_t ttl_ms);
 

@@ -1,6 +1,8 @@
 /* SPDX-License-Identifier: MIT
  * Durations, RFC 3339 times and the wall clock: pure arithmetic, no locale or time zone.
  */
+#include "clock_int.h"
+
 #include <lapse/message.h>
 
 #include <limits.h>
@@ -295,4 +297,20 @@ int64_t lapse_clock_now_ms(void) {
 
 void lapse_clock_set_skew_ms(int64_t skew_ms) {
     atomic_store_explicit(&clock_skew_ms, skew_ms, memory_order_relaxed);
+}
+
+int64_t lapse__mono_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * MS_PER_S + ts.tv_nsec / 1000000;
+}
+
+int64_t lapse__time_add(int64_t a, int64_t b) {
+    if (b > 0 && a > INT64_MAX - b) {
+        return INT64_MAX;
+    }
+    if (b < 0 && a < INT64_MIN - b) {
+        return INT64_MIN;
+    }
+    return a + b;
 }

@@ -3,6 +3,7 @@
 #include "config_int.h"
 
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 
 void lapse__log(const lapse_config_t *cfg, lapse_log_level_t level, const char *fmt,
@@ -10,20 +11,41 @@ void lapse__log(const lapse_config_t *cfg, lapse_log_level_t level, const char *
     if (cfg == NULL || cfg->log_cb == NULL || fmt == NULL) {
         return;
     }
-    char line[1024];
+    char raw[1024];
     va_list ap;
     va_start(ap, fmt);
-    int n = vsnprintf(line, sizeof line, fmt, ap);
+    int n = vsnprintf(raw, sizeof raw, fmt, ap);
     va_end(ap);
     if (n < 0) {
         return;
     }
-    /* The sink is promised one line; broker reply texts and file paths can carry control
-     * characters that would split or forge log lines. */
-    for (char *p = line; *p != '\0'; p++) {
-        if (*p == '\n' || *p == '\r') {
-            *p = ' ';
+    /* The sink is promised one line; broker reply texts, message fields and file paths
+     * can carry control characters that would split or forge log lines, or drive the
+     * terminal that shows them. */
+    char line[sizeof raw * 2];
+    cfg->log_cb(cfg->log_opaque, level, lapse__escape_ctl(raw, line, sizeof line));
+}
+
+char *lapse__escape_ctl(const char *in, char *out, size_t cap) {
+    static const char hex[] = "0123456789abcdef";
+    size_t used = 0;
+    for (const unsigned char *p = (const unsigned char *)in; *p != '\0'; p++) {
+        bool ctl = *p < 0x20 || *p == 0x7f;
+        size_t need = ctl ? 4 : 1;
+        if (used + need >= cap) {
+            break;
+        }
+        if (ctl) {
+            out[used++] = '\\';
+            out[used++] = 'x';
+            out[used++] = hex[*p >> 4];
+            out[used++] = hex[*p & 0xf];
+        } else {
+            out[used++] = (char)*p;
         }
     }
-    cfg->log_cb(cfg->log_opaque, level, line);
+    if (cap > 0) {
+        out[used] = '\0';
+    }
+    return out;
 }

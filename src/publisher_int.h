@@ -10,7 +10,8 @@
 
 /**
  * Publish msg as the version-1 expiry message (persistent, mandatory, properties and
- * header of DESIGN.md) to exchange/routing_key, with header x-lapse-attempts when
+ * headers of docs/design.md, "The message and its headers") to exchange/routing_key,
+ * with header x-lapse-attempts when
  * attempts > 0 (failed processing attempts so far). msg is borrowed. Confirms are
  * reported through the broker's settle callback.
  */

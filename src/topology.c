@@ -100,7 +100,7 @@ void lapse__topology_build(const lapse_config_t *cfg, lapse__topology_t *topo) {
 }
 
 /* Quorum queues dead-letter at-least-once only with reject-publish overflow; without it
- * the argument is accepted and silently ignored (RABBITMQ.md). */
+ * the argument is accepted and silently ignored (docs/design.md, "Topology"). */
 #define QUEUE_ARGS_MAX 6
 
 static amqp_table_t queue_args(const lapse__topology_t *topo, const lapse__queue_def_t *q,

@@ -17,8 +17,8 @@ typedef enum lapse_log_level {
 /** Log sink: one line (no newline) of key=value pairs; line is borrowed for the call. */
 typedef void (*lapse_log_cb)(void *opaque, lapse_log_level_t level, const char *line);
 
-/** New config with the defaults of DESIGN.md; free with lapse_config_free(). NULL on OOM.
- */
+/** New config with the defaults of docs/design.md ("The command line"); free with
+ *  lapse_config_free(). NULL on OOM. */
 LAPSE_API lapse_config_t *lapse_config_new(void);
 /** Accepts NULL. */
 LAPSE_API void lapse_config_free(lapse_config_t *cfg);

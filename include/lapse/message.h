@@ -39,7 +39,8 @@ LAPSE_API lapse_status_t lapse_expiry_msg_decode(const void *body, size_t len,
                                                  lapse_error_t *err);
 
 /**
- * Encode msg as the compact JSON body of DESIGN.md into buf (NUL-terminated).
+ * Encode msg as the compact JSON body of docs/design.md ("The message and its
+ * headers") into buf (NUL-terminated).
  * @param len  receives the body length without the NUL.
  * @return LAPSE_OK, LAPSE_ERR_MSG_ORDER_ID, or LAPSE_ERR_INVALID when cap is too small.
  */

@@ -90,7 +90,7 @@ static void error_line(const char *lead, const char *fmt, va_list ap, const char
         fprintf(stderr, "%sout of memory while reporting an error%s\n", lead, tail);
     } else {
         vsnprintf(text, len + 1, fmt, ap);
-        /* One line, as DESIGN.md asks of every error. */
+        /* One line, as docs/design.md ("The command line") asks of every error. */
         text[strcspn(text, "\n")] = '\0';
         fprintf(stderr, "%s%.1000s%s\n", lead, cli_redact(text, safe, 2 * len + 4), tail);
     }

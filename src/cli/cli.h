@@ -93,7 +93,7 @@ void cli_errorf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
  *  anything the user typed or a file held. */
 void cli_say(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
-/** Map a status to the exit codes of DESIGN.md. */
+/** Map a status to the exit codes of docs/design.md, "The command line". */
 int cli_exit_code(lapse_status_t rc);
 
 /** Print "lapse: <what>: <reason>" to stderr; returns cli_exit_code(rc). */

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT
  * lapse parked list|replay: look at parked messages, send them back once fixed. */
 #include "cli.h"
+#include "config_int.h"
 
 #include <lapse/parked.h>
 
@@ -21,8 +22,13 @@ static void print_text(const lapse_parked_msg_t *m) {
     if (m->parked_at_ms >= 0) {
         lapse_time_format_rfc3339(m->parked_at_ms, when);
     }
-    printf("%-24s %8lld  %-24s  %s\n", when, (long long)m->attempts, m->order_id,
-           m->reason[0] ? m->reason : "-");
+    /* Both come from a message that may be malformed: no control byte reaches the
+     * terminal. */
+    char order_id[sizeof m->order_id * 4];
+    char reason[sizeof m->reason * 4];
+    printf("%-24s %8lld  %-24s  %s\n", when, (long long)m->attempts,
+           lapse__escape_ctl(m->order_id, order_id, sizeof order_id),
+           m->reason[0] ? lapse__escape_ctl(m->reason, reason, sizeof reason) : "-");
 }
 
 static void on_listed(void *opaque, const lapse_parked_msg_t *m) {

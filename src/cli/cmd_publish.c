@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT
  * lapse publish: one order, or a batch of lines, recorded and published with confirms. */
 #include "cli.h"
+#include "clock_int.h"
 #include "line_reader.h"
 
 #include <lapse/batch.h>
@@ -82,8 +83,9 @@ static int publish_one(cli_t *cli, const char *order_id, int64_t timeout_ms,
     if (pub) {
         int64_t now = lapse_clock_now_ms();
         lapse_new_order_t order = {.order_id = order_id,
-                                   .deadline_ms =
-                                       timeout_ms > 0 ? now + timeout_ms : deadline_ms,
+                                   .deadline_ms = timeout_ms > 0
+                                                      ? lapse__time_add(now, timeout_ms)
+                                                      : deadline_ms,
                                    .created_at_ms = now,
                                    .holds = holds,
                                    .n_holds = n_holds};
@@ -145,14 +147,20 @@ static int publish_batch(cli_t *cli, const char *path) {
         /* Orders held back for a full batch go out as soon as the input pauses. */
         bool holding = lapse_publisher_pending(pub) > 0;
         len = line_reader_next(&reader, &line, holding ? IDLE_FLUSH_MS : -1);
-        if (len == -2) {
+        if (len == LINE_READER_WAIT) {
             rc = lapse_publisher_flush(pub, &err);
             continue;
         }
-        if (len < 0) {
+        if (len == LINE_READER_END) {
             break;
         }
         lineno++;
+        if (len == LINE_READER_TOO_LONG) {
+            cli_say("publish", "line %llu: longer than %zu bytes (%zu); skipped",
+                    (unsigned long long)lineno, reader.max, reader.skipped);
+            bad++;
+            continue;
+        }
         if (len == 0) {
             continue;
         }
@@ -262,7 +270,7 @@ int cmd_publish(cli_t *cli, int argc, char **argv) {
             return cli_usage_error(
                 "publish", "invalid --timeout '%s' (e.g. 90s, 30m, 2h, 400d)", timeout);
         }
-        deadline_ms = now + timeout_ms;
+        deadline_ms = lapse__time_add(now, timeout_ms);
     }
     if (lapse_deadline_check(deadline_ms, now, &err) != LAPSE_OK) {
         return cli_usage_error("publish", "%s%s",

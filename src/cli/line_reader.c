@@ -13,6 +13,7 @@
 void line_reader_init(line_reader_t *r, int fd) {
     memset(r, 0, sizeof *r);
     r->fd = fd;
+    r->max = LINE_READER_MAX;
 }
 
 void line_reader_free(line_reader_t *r) {
@@ -64,13 +65,42 @@ static bool fill(line_reader_t *r, int wait_ms, bool *timed_out) {
     return true;
 }
 
+/* Drop the unread bytes of an over-long line up to nl (or all of them when nl is NULL).
+ */
+static void skip(line_reader_t *r, const char *nl) {
+    size_t upto = nl ? (size_t)(nl - r->buf) : r->end;
+    r->skipped += upto - r->start;
+    r->start = nl ? upto + 1 : upto;
+}
+
 ssize_t line_reader_next(line_reader_t *r, char **line, int wait_ms) {
     for (;;) {
         char *nl =
             r->end > r->start ? memchr(r->buf + r->start, '\n', r->end - r->start) : NULL;
+        if (!r->skipping && !nl && r->end - r->start > r->max) {
+            r->skipping = true;
+            r->skipped = 0;
+        }
+        if (r->skipping) {
+            skip(r, nl);
+            if (nl || r->eof || r->error) {
+                r->skipping = false;
+                return LINE_READER_TOO_LONG;
+            }
+            bool timed_out = false;
+            if (!fill(r, wait_ms, &timed_out) && timed_out) {
+                return LINE_READER_WAIT;
+            }
+            continue;
+        }
         if (!nl && (r->eof || r->error) && r->end > r->start) {
             nl = r->buf + r->end; /* a last line without '\n' */
             r->end++;             /* room was kept for the NUL */
+        }
+        if (nl && (size_t)(nl - (r->buf + r->start)) > r->max) {
+            r->skipped = 0; /* whole in the buffer, yet too long all the same */
+            skip(r, nl);
+            return LINE_READER_TOO_LONG;
         }
         if (nl) {
             char *begin = r->buf + r->start;
@@ -84,11 +114,11 @@ ssize_t line_reader_next(line_reader_t *r, char **line, int wait_ms) {
             return (ssize_t)len;
         }
         if (r->eof || r->error) {
-            return -1;
+            return LINE_READER_END;
         }
         bool timed_out = false;
         if (!fill(r, wait_ms, &timed_out) && timed_out) {
-            return -2;
+            return LINE_READER_WAIT;
         }
     }
 }

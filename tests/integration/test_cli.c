@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: MIT
- * Test g: the CLI contract of DESIGN.md (help, usage, exit codes, JSON) for real. */
+ * Test g: the CLI contract of docs/design.md, "The command line" (help, usage, exit
+ * codes, JSON), for real. */
 /* posix_spawn_file_actions_addchdir_np: a child started in another directory. */
 #define _GNU_SOURCE
 #include <setjmp.h>
@@ -278,7 +279,8 @@ static json_t *run_json(h_ctx_t *h, int expect_code, const char *a1, const char 
     return root;
 }
 
-/* `status ORDER --json`: exactly the keys of DESIGN.md, with their types. */
+/* `status ORDER --json`: exactly the keys of docs/design.md ("The command line"),
+ * with their types. */
 static json_t *order_json(h_ctx_t *h, const char *order_id, const char *want_status) {
     json_t *o = run_json(h, 0, order_id, "--json");
     static const char *const keys[] = {"order_id",      "status",     "deadline_ms",

@@ -103,8 +103,9 @@ int64_t h_queue_depth(amqp_connection_state_t conn, const char *queue);
 int64_t h_percentile(const int64_t *sorted, size_t n, double p);
 void h_sort(int64_t *v, size_t n);
 
-/* The four laws, checked over every order in the test's store (DESIGN.md): counts of
- * the orders that break one, so that a failure says which law and how often. */
+/* The four laws (docs/design.md, "The four laws"), checked over every order in the
+ * test's store: counts of the orders that break one, so that a failure says which law
+ * and how often. */
 typedef struct h_laws {
     int64_t orders, paid, cancelled, pending;
     int64_t lost;        /* past its deadline, never paid, still pending (law 3) */
