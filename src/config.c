@@ -156,6 +156,30 @@ static lapse_status_t set_prefix(lapse_config_t *cfg, const char *value,
     return LAPSE_OK;
 }
 
+/* A queue for the events, declared with the topology; "" for none. Names stay within the
+ * order id alphabet so they read the same in the management UI, in its URLs and in
+ * definitions; "amq." is reserved by the broker, which refuses such a declare. */
+static lapse_status_t set_events_queue(lapse_config_t *cfg, const char *value,
+                                       lapse_error_t *err) {
+    size_t n = strlen(value);
+    if (n > LAPSE__EVENTS_QUEUE_MAX) {
+        return lapse_error_set(err, LAPSE_ERR_CONFIG_VALUE,
+                               "events_queue is longer than %d bytes",
+                               LAPSE__EVENTS_QUEUE_MAX);
+    }
+    if (n > 0 && !lapse_order_id_is_valid(value, n)) {
+        return lapse_error_set(err, LAPSE_ERR_CONFIG_VALUE,
+                               "events_queue contains a byte outside [A-Za-z0-9._:-]");
+    }
+    if (strncmp(value, "amq.", 4) == 0) {
+        return lapse_error_set(err, LAPSE_ERR_CONFIG_VALUE,
+                               "events_queue may not start with \"amq.\" (reserved by "
+                               "RabbitMQ)");
+    }
+    memcpy(cfg->events_queue, value, n + 1);
+    return LAPSE_OK;
+}
+
 static int compare_class(const void *a, const void *b) {
     int64_t x = ((const lapse__class_t *)a)->ttl_ms;
     int64_t y = ((const lapse__class_t *)b)->ttl_ms;
@@ -313,6 +337,9 @@ lapse_status_t lapse_config_set(lapse_config_t *cfg, const char *name, const cha
                                            : &cfg->sweep_grace_ms) = ms;
         return LAPSE_OK;
     }
+    if (strcmp(name, "events_queue") == 0) {
+        return set_events_queue(cfg, value, err);
+    }
     if (strcmp(name, "max_attempts") == 0) {
         if (!parse_int_range(value, 1, 1000, &cfg->max_attempts)) {
             return lapse_error_set(err, LAPSE_ERR_CONFIG_VALUE,
@@ -365,7 +392,7 @@ lapse_status_t lapse_config_from_env(lapse_config_t *cfg, lapse_error_t *err) {
     static const char *const vars[][2] = {
         {"LAPSE_AMQP_URL", "amqp_url"},     {"LAPSE_STORE", "store"},
         {"LAPSE_PREFIX", "prefix"},         {"LAPSE_CLASSES", "classes"},
-        {"LAPSE_QUEUE_TYPE", "queue_type"},
+        {"LAPSE_QUEUE_TYPE", "queue_type"}, {"LAPSE_EVENTS_QUEUE", "events_queue"},
     };
     /* All or nothing, like lapse_config_set: apply to a copy, keep it only if every
      * variable was valid. None of these properties has a side effect outside cfg. */
@@ -401,6 +428,9 @@ const char *lapse_config_get(const lapse_config_t *cfg, const char *name) {
     }
     if (strcmp(name, "classes") == 0) {
         return cfg->classes_text;
+    }
+    if (strcmp(name, "events_queue") == 0) {
+        return cfg->events_queue;
     }
     /* Numbers are formatted on demand into the config's scratch buffer. The config is
      * always heap-allocated by lapse_config_new, so writing through the cast is defined;

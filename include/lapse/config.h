@@ -39,13 +39,16 @@ LAPSE_API void lapse_config_free(lapse_config_t *cfg);
  *                0 never)                         (default 60s)
  *   sweep_grace  duration or 0: how long after its deadline a pending order is
  *                cancelled directly by that sweep (default 60s)
+ *   events_queue queue name, up to 95 bytes of [A-Za-z0-9._:-], not amq.*, or "": a
+ *                durable queue bound to <prefix>.events for order.cancelled, declared
+ *                and exported with the topology (default "": none)
  * @return LAPSE_OK or LAPSE_ERR_CONFIG_* with err describing the value.
  */
 LAPSE_API lapse_status_t lapse_config_set(lapse_config_t *cfg, const char *name,
                                           const char *value, lapse_error_t *err);
 
-/** Apply LAPSE_AMQP_URL, LAPSE_STORE, LAPSE_PREFIX, LAPSE_CLASSES, LAPSE_QUEUE_TYPE when
- *  set. */
+/** Apply LAPSE_AMQP_URL, LAPSE_STORE, LAPSE_PREFIX, LAPSE_CLASSES, LAPSE_QUEUE_TYPE,
+ *  LAPSE_EVENTS_QUEUE when set. */
 LAPSE_API lapse_status_t lapse_config_from_env(lapse_config_t *cfg, lapse_error_t *err);
 
 /** Current value as text; borrowed until the next set/free on cfg. NULL if unknown. */

@@ -33,6 +33,10 @@ static const char usage[] =
     "                                   (default 30m; e.g. 15m,30m,45m)\n"
     "  --queue-type T   LAPSE_QUEUE_TYPE classic (default) or quorum: replicated queues\n"
     "                                   with at-least-once dead-lettering\n"
+    "  --events-queue Q LAPSE_EVENTS_QUEUE a durable queue bound to <prefix>.events "
+    "that\n"
+    "                                   keeps the order.cancelled events; declared and\n"
+    "                                   exported with the topology (default: none)\n"
     "  --clock-skew D   shift this process's clock (testing only; e.g. 3s or -3s)\n"
     "  --help, --version\n"
     "\n"
@@ -60,6 +64,7 @@ static const struct {
     {"--prefix", "prefix", "LAPSE_PREFIX"},
     {"--classes", "classes", "LAPSE_CLASSES"},
     {"--queue-type", "queue_type", "LAPSE_QUEUE_TYPE"},
+    {"--events-queue", "events_queue", "LAPSE_EVENTS_QUEUE"},
     {"--clock-skew", "clock_skew", NULL},
 };
 
