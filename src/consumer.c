@@ -25,7 +25,7 @@ lapse_consumer_t *lapse_consumer_new(const lapse_config_t *cfg, lapse_store_t *s
     c->items = calloc(c->cap, sizeof *c->items);
     c->item_of = calloc(c->cap, sizeof *c->item_of);
     c->item_failed = calloc(c->cap, sizeof *c->item_failed);
-    c->seqs = calloc(CONSUMER_EVENTS_CHUNK + c->cap, sizeof *c->seqs);
+    c->seqs = calloc(c->cap, sizeof *c->seqs);
     c->owed = calloc(CONSUMER_EVENTS_CHUNK + c->cap, sizeof *c->owed);
     if (!c->batch || !c->items || !c->item_of || !c->item_failed || !c->seqs ||
         !c->owed) {
@@ -468,10 +468,12 @@ static lapse_status_t session(lapse_consumer_t *c, const volatile sig_atomic_t *
         drop_batch(c);
     }
     drop_batch(c);
-    lapse__consumer_events_owed(c, true);
+    /* Deliveries not acked go back to the queue now, for the other consumers. */
     lapse__broker_close(&c->in);
-    lapse__broker_close(&c->out);
-    c->out_failure = LAPSE_OK;
+    if (!*stop) {
+        lapse__broker_close(&c->out);
+        c->out_failure = LAPSE_OK;
+    }
     return rc;
 }
 
@@ -503,6 +505,9 @@ lapse_status_t lapse_consumer_run(lapse_consumer_t *c, const volatile sig_atomic
                    lapse_status_name(rc), text, attempt, (long long)delay);
         lapse__sleep_ms(delay, stop);
     }
+    /* Stopped: what this consumer cancelled is published before it goes, within a
+     * bound, on the connection it has (or a new one). */
+    lapse__consumer_events_final(c);
     lapse__log(c->cfg, LAPSE_LOG_INFO,
                "event=stopped deliveries=%llu cancelled=%llu noops=%llu early=%llu "
                "retried=%llu parked=%llu events=%llu",

@@ -3,6 +3,7 @@
  * a publishing connection that recovers on its own. */
 #include "consumer_int.h"
 
+#include "events_int.h"
 #include "publisher_int.h"
 
 #include <lapse/sweep.h>
@@ -66,13 +67,9 @@ static lapse_status_t park(lapse_consumer_t *c, delivery_t *d, lapse_error_t *er
     props._flags &= ~(amqp_flags_t)AMQP_BASIC_EXPIRATION_FLAG;
     props._flags |= AMQP_BASIC_HEADERS_FLAG | AMQP_BASIC_DELIVERY_MODE_FLAG;
     props.delivery_mode = AMQP_DELIVERY_PERSISTENT;
-    char key[LAPSE_ORDER_ID_MAX + 1] = "";
-    if (props._flags & AMQP_BASIC_MESSAGE_ID_FLAG) {
-        lapse__bytes_to_str(props.message_id, key, sizeof key);
-    }
     lapse_status_t rc = lapse__broker_publish(&c->out, c->topo.parked_exchange, "", true,
                                               &props, d->env.message.body.bytes,
-                                              d->env.message.body.len, key, NULL, err);
+                                              d->env.message.body.len, NULL, err);
     free(entries);
     return rc;
 }
@@ -162,58 +159,6 @@ lapse_status_t lapse__consumer_forward(lapse_consumer_t *c, int64_t now,
     return rc;
 }
 
-static int publish_event(void *opaque, const lapse_event_t *ev) {
-    lapse_consumer_t *c = opaque;
-    amqp_basic_properties_t props;
-    memset(&props, 0, sizeof props);
-    props._flags = AMQP_BASIC_CONTENT_TYPE_FLAG | AMQP_BASIC_DELIVERY_MODE_FLAG |
-                   AMQP_BASIC_MESSAGE_ID_FLAG | AMQP_BASIC_TIMESTAMP_FLAG |
-                   AMQP_BASIC_APP_ID_FLAG | AMQP_BASIC_TYPE_FLAG;
-    props.content_type = amqp_cstring_bytes("application/json");
-    props.delivery_mode = AMQP_DELIVERY_PERSISTENT;
-    props.message_id = amqp_cstring_bytes(ev->event_id);
-    props.timestamp = (uint64_t)(lapse_clock_now_ms() / 1000);
-    props.app_id = amqp_cstring_bytes(LAPSE_APP_ID);
-    props.type = amqp_cstring_bytes(LAPSE_EVENT_CANCELLED);
-    /* Not mandatory: an events exchange nobody listens to is a normal deployment. */
-    if (lapse__broker_publish(&c->out, c->topo.events_exchange, LAPSE_EVENT_CANCELLED,
-                              false, &props, ev->body, strlen(ev->body), ev->event_id,
-                              NULL, &c->event_error) != LAPSE_OK) {
-        return 1;
-    }
-    c->seqs[c->n_seqs++] = ev->seq;
-    return 0;
-}
-
-/* Publish outbox events (only those in `only` when given; it must not alias c->seqs),
- * confirmed, then mark them published. A crash in between re-publishes them: the event
- * id stays the same, so downstream deduplicates. */
-static lapse_status_t publish_events(lapse_consumer_t *c, const int64_t *only,
-                                     size_t n_only, size_t limit, lapse_error_t *err) {
-    c->n_seqs = 0;
-    lapse_error_clear(&c->event_error);
-    lapse_status_t rc =
-        lapse_store_events_pending(c->store, limit, only, n_only, publish_event, c, err);
-    if (rc == LAPSE_OK && c->event_error.code != LAPSE_OK) {
-        rc = lapse_error_set(err, c->event_error.code, "%s", c->event_error.text);
-    }
-    if (rc == LAPSE_OK && c->n_seqs > 0) {
-        rc = lapse__broker_wait_confirms(&c->out, CONSUMER_CONFIRM_WAIT_MS, err);
-    }
-    if (rc == LAPSE_OK && c->out_failure != LAPSE_OK) {
-        rc = lapse_error_set(err, c->out_failure, "publishing events");
-        c->out_failure = LAPSE_OK;
-    }
-    if (rc == LAPSE_OK && c->n_seqs > 0) {
-        rc = lapse_store_events_mark_published(c->store, c->seqs, c->n_seqs,
-                                               lapse_clock_now_ms(), err);
-        if (rc == LAPSE_OK) {
-            c->stats.events += c->n_seqs;
-        }
-    }
-    return rc;
-}
-
 static void out_failed(lapse_consumer_t *c, lapse_status_t rc, const lapse_error_t *why,
                        const char *what) {
     char text[sizeof why->text];
@@ -228,6 +173,12 @@ static void out_failed(lapse_consumer_t *c, lapse_status_t rc, const lapse_error
     c->out_retry_at = lapse_clock_now_ms() + delay;
 }
 
+static lapse_status_t open_out(lapse_consumer_t *c, lapse_error_t *err) {
+    char name[sizeof c->name + 4];
+    snprintf(name, sizeof name, "%s out", c->name);
+    return lapse__broker_open(&c->out, c->cfg, name, CONSUMER_WINDOW, on_settle, c, err);
+}
+
 /* The publishing connection fails on its own (an events exchange deleted, a missed
  * heartbeat): reopen it with backoff, without stopping the consuming side. */
 lapse_status_t lapse__consumer_ensure_out(lapse_consumer_t *c, lapse_error_t *err) {
@@ -238,10 +189,7 @@ lapse_status_t lapse__consumer_ensure_out(lapse_consumer_t *c, lapse_error_t *er
         return lapse_error_set(err, LAPSE_ERR_BROKER_CLOSED,
                                "publishing connection down, retrying later");
     }
-    char name[sizeof c->name + 4];
-    snprintf(name, sizeof name, "%s out", c->name);
-    lapse_status_t rc =
-        lapse__broker_open(&c->out, c->cfg, name, CONSUMER_WINDOW, on_settle, c, err);
+    lapse_status_t rc = open_out(c, err);
     if (rc != LAPSE_OK) {
         out_failed(c, rc, err, "out_connect_failed");
         return rc;
@@ -250,18 +198,62 @@ lapse_status_t lapse__consumer_ensure_out(lapse_consumer_t *c, lapse_error_t *er
     return LAPSE_OK;
 }
 
+/* No queue took the last events: they wait in the outbox, and the next try comes after
+ * a growing delay. Until then the consumer publishes no events at all (its owed ones are
+ * in the outbox too), and the next try is a single event, a probe. */
+static void events_unroutable(lapse_consumer_t *c, size_t returned) {
+    int64_t waiting = -1;
+    lapse_store_events_count(c->store, &waiting, NULL);
+    int64_t delay = lapse__backoff_ms(c->events_attempt++, CONSUMER_EVENTS_RETRY_MIN_MS,
+                                      CONSUMER_EVENTS_RETRY_MAX_MS);
+    c->events_retry_at = lapse_clock_now_ms() + delay;
+    c->backlog_at = c->events_retry_at;
+    c->n_owed = 0;
+    lapse__log(
+        c->cfg, LAPSE_LOG_WARN,
+        "event=events_unroutable exchange=%s returned=%zu waiting=%lld "
+        "retry_in_ms=%lld note=\"no queue is bound to the exchange; events stay in "
+        "the outbox\"",
+        c->topo.events_exchange, returned, (long long)waiting, (long long)delay);
+}
+
 /* Events are published after the ack; a failure leaves them in the outbox for a later
  * try and never holds up cancelling. */
 void lapse__consumer_events(lapse_consumer_t *c, const int64_t *only, size_t n_only,
                             size_t limit) {
+    if (lapse_clock_now_ms() < c->events_retry_at) {
+        return; /* unroutable a moment ago: the backlog pass tries again in time */
+    }
     lapse_error_t err = {0};
     if (lapse__consumer_ensure_out(c, &err) != LAPSE_OK) {
         return;
     }
-    lapse_status_t rc = publish_events(c, only, n_only, limit, &err);
+    bool probe = c->events_attempt > 0;
+    if (probe) {
+        /* Owed events are in the outbox too; they follow once the probe got through. */
+        only = NULL;
+        n_only = 0;
+        limit = 1;
+    }
+    lapse__relay_report_t report;
+    lapse_status_t rc =
+        lapse__events_relay(&c->out, c->store, c->topo.events_exchange, only, n_only,
+                            limit, CONSUMER_CONFIRM_WAIT_MS, &report, &err);
+    c->stats.events += report.published;
     if (rc != LAPSE_OK) {
         out_failed(c, rc, &err, "events_failed");
-    } else if (!only && c->n_seqs == limit) {
+        return;
+    }
+    if (report.returned > 0) {
+        events_unroutable(c, report.returned);
+        return;
+    }
+    if (probe && report.published > 0) {
+        lapse__log(c->cfg, LAPSE_LOG_INFO, "event=events_routable exchange=%s",
+                   c->topo.events_exchange);
+        c->events_attempt = 0;
+        c->backlog_at = 0; /* the rest of the backlog goes out on the next pass */
+    } else if (!only && report.read == limit) {
         c->backlog_at = 0; /* more waiting: look again on the next idle pass */
     }
 }
@@ -277,6 +269,68 @@ void lapse__consumer_events_owed(lapse_consumer_t *c, bool now) {
     lapse__consumer_events(c, c->owed, n, n);
 }
 
+static bool past(void *opaque) {
+    return lapse_clock_now_ms() >= *(const int64_t *)opaque;
+}
+
+void lapse__consumer_events_final(lapse_consumer_t *c) {
+    int64_t deadline = lapse_clock_now_ms() + CONSUMER_STOP_EVENTS_MS;
+    lapse__relay_report_t total = {0};
+    lapse_error_t err = {0};
+    lapse_status_t rc = LAPSE_OK;
+    /* The last chance: neither the publishing connection's nor the events' backoff is
+     * waited out (a queue may have been bound meanwhile). */
+    c->out_retry_at = 0;
+    c->events_retry_at = 0;
+    if (!c->out.open) {
+        rc = open_out(c, &err);
+    }
+    /* This consumer's own cancellations first, then whatever else waits. */
+    for (size_t k = 0; rc == LAPSE_OK && k < c->n_owed && !past(&deadline);
+         k += CONSUMER_EVENTS_CHUNK) {
+        size_t n =
+            c->n_owed - k < CONSUMER_EVENTS_CHUNK ? c->n_owed - k : CONSUMER_EVENTS_CHUNK;
+        lapse__relay_report_t one;
+        rc = lapse__events_relay(&c->out, c->store, c->topo.events_exchange, c->owed + k,
+                                 n, n, deadline - lapse_clock_now_ms(), &one, &err);
+        lapse__relay_report_add(&total, &one);
+        if (one.returned > 0) {
+            break;
+        }
+    }
+    c->n_owed = 0;
+    if (rc == LAPSE_OK && total.returned == 0) {
+        lapse__relay_report_t rest;
+        rc = lapse__events_drain(&c->out, c->store, c->topo.events_exchange, deadline,
+                                 past, &deadline, &rest, &err);
+        lapse__relay_report_add(&total, &rest);
+    }
+    c->stats.events += total.published;
+    lapse__broker_close(&c->out);
+    c->out_failure = LAPSE_OK;
+
+    int64_t waiting = -1;
+    lapse_store_events_count(c->store, &waiting, NULL);
+    if (waiting == 0) {
+        lapse__log(c->cfg, LAPSE_LOG_INFO, "event=events_flushed published=%zu",
+                   total.published);
+        return;
+    }
+    char text[sizeof err.text];
+    snprintf(text, sizeof text, "%s",
+             rc != LAPSE_OK       ? err.text
+             : total.returned > 0 ? "no queue is bound to the events exchange"
+             : past(&deadline)    ? "out of time"
+                                  : "-");
+    lapse__consumer_sanitize(text);
+    lapse__log(c->cfg, LAPSE_LOG_WARN,
+               "event=events_left exchange=%s published=%zu waiting=%lld status=%s "
+               "reason=\"%s\" note=\"they stay in the outbox for the next consumer or "
+               "sweep\"",
+               c->topo.events_exchange, total.published, (long long)waiting,
+               lapse_status_name(rc), text);
+}
+
 /* The safety net under the broker path (see sweep.h): orders never confirmed are
  * published again, orders still pending a grace period after their deadline are
  * cancelled directly. Bounded per call so that deliveries are not held up; called again
@@ -286,6 +340,7 @@ static void sweep(lapse_consumer_t *c, int64_t now) {
     lapse_sweep_opts_init(&opts);
     opts.grace_ms = c->cfg->sweep_grace_ms;
     opts.max_orders = CONSUMER_SWEEP_CHUNK;
+    opts.events = false; /* the consumer publishes the outbox itself */
     /* The sweep cancels by this host's clock: when it may run ahead by more than the
      * grace, direct cancelling could be early, so only the re-publish part runs. */
     int64_t skew = lapse__consumer_skew_bound(c);

@@ -19,6 +19,10 @@ static const char sweep_usage[] =
     "  --in-flight D  leave orders recorded less than D ago: their publish may still be\n"
     "                 waiting for its confirm (default 30s; 0 = none)\n"
     "  --dry-run      count only: change nothing, connect to no broker\n"
+    "Last, it publishes the order.cancelled events waiting in the outbox (those of the\n"
+    "orders it cancelled, and any older ones); when the broker is out of reach or no\n"
+    "queue is bound to the events exchange, a warning says so and they stay in the\n"
+    "outbox for a consumer or the next sweep, without failing the run.\n"
     "Prints one key=value line and a sentence. Exits 0, or 1 when a part failed (the\n"
     "other part still ran; cancelling needs no broker).\n";
 
@@ -89,11 +93,13 @@ int cmd_sweep(cli_t *cli, int argc, char **argv) {
     char grace[32];
     lapse_duration_format(so.grace_ms, grace, sizeof grace);
     printf("sweep republished=%llu cancelled=%llu would_republish=%llu would_cancel=%llu "
-           "skipped=%llu failed=%llu dry_run=%s\n",
+           "skipped=%llu failed=%llu dry_run=%s events_published=%llu "
+           "events_waiting=%lld\n",
            (unsigned long long)r.republished, (unsigned long long)r.cancelled,
            (unsigned long long)r.would_republish, (unsigned long long)r.would_cancel,
            (unsigned long long)r.skipped, (unsigned long long)r.failed,
-           so.dry_run ? "yes" : "no");
+           so.dry_run ? "yes" : "no", (unsigned long long)r.events_published,
+           (long long)r.events_waiting);
     if (so.dry_run) {
         printf("Dry run, nothing changed: %llu lost order(s) would be cancelled (pending "
                "%s past their deadline), %llu unconfirmed order(s) published again.\n",
@@ -104,6 +110,10 @@ int cmd_sweep(cli_t *cli, int argc, char **argv) {
                "unconfirmed order(s) published again, %llu left to a later sweep.\n",
                (unsigned long long)r.cancelled, grace, (unsigned long long)r.republished,
                (unsigned long long)r.failed);
+        if (r.events_published > 0 || r.events_waiting > 0) {
+            printf("%llu event(s) published, %lld still waiting in the outbox.\n",
+                   (unsigned long long)r.events_published, (long long)r.events_waiting);
+        }
     }
     if (rc != LAPSE_OK) {
         cli_fail(rc, &err, "sweep");
