@@ -18,7 +18,7 @@
 #define ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 
 static const char *const env_vars[] = {"LAPSE_AMQP_URL", "LAPSE_STORE", "LAPSE_PREFIX",
-                                       "LAPSE_CLASSES"};
+                                       "LAPSE_CLASSES", "LAPSE_EVENTS_QUEUE"};
 
 static int setup(void **state) {
     for (size_t i = 0; i < ARRAY_LEN(env_vars); i++) {
@@ -62,6 +62,7 @@ static void test_defaults_follow_design(void **state) {
     assert_int_equal(cfg->clock_skew_ms, 0);
     assert_string_equal(lapse_config_get(cfg, "queue_type"), "classic");
     assert_string_equal(lapse_config_get(cfg, "max_attempts"), "10");
+    assert_string_equal(lapse_config_get(cfg, "events_queue"), "");
     assert_int_equal(lapse_config_set(cfg, "queue_type", "quorum", NULL), LAPSE_OK);
     assert_true(cfg->quorum);
     assert_string_equal(lapse_config_get(cfg, "queue_type"), "quorum");
@@ -115,6 +116,7 @@ static void assert_same_config(const lapse_config_t *a, const lapse_config_t *b)
     assert_int_equal(a->n_classes, b->n_classes);
     assert_memory_equal(a->classes, b->classes, a->n_classes * sizeof a->classes[0]);
     assert_string_equal(a->classes_text, b->classes_text);
+    assert_string_equal(a->events_queue, b->events_queue);
     assert_int_equal(a->prefetch, b->prefetch);
     assert_int_equal(a->heartbeat, b->heartbeat);
     assert_int_equal(a->quorum, b->quorum);
@@ -186,6 +188,15 @@ static const struct {
     {"max_attempts", "0", LAPSE_ERR_CONFIG_VALUE},
     {"max_attempts", "1001", LAPSE_ERR_CONFIG_VALUE},
     {"max_attempts", "3x", LAPSE_ERR_CONFIG_VALUE},
+    {"events_queue", "amq.events", LAPSE_ERR_CONFIG_VALUE},
+    {"events_queue", "my events", LAPSE_ERR_CONFIG_VALUE},
+    {"events_queue", "events/cancelled", LAPSE_ERR_CONFIG_VALUE},
+    {"events_queue", "caf\xc3\xa9", LAPSE_ERR_CONFIG_VALUE},
+    {"events_queue",
+     "0123456789012345678901234567890123456789012345678901234567890123456789012345678901"
+     "23456789012345",
+     LAPSE_ERR_CONFIG_VALUE},
+    {"events-queue", "x", LAPSE_ERR_CONFIG_UNKNOWN},
     {"queue-type", "quorum", LAPSE_ERR_CONFIG_UNKNOWN},
     {"", "x", LAPSE_ERR_CONFIG_UNKNOWN},
     {"PREFIX", "x", LAPSE_ERR_CONFIG_UNKNOWN},
@@ -256,6 +267,14 @@ static void test_store_prefix_and_numbers(void **state) {
         {"prefetch", "0100", "100"},
         {"heartbeat", "0", NULL},
         {"heartbeat", "3600", NULL},
+        {"events_queue", "lapse.events.cancelled", NULL},
+        {"events_queue", "billing:order-events_v2", NULL},
+        {"events_queue",
+         "0123456789012345678901234567890123456789012345678901234567890123456789012345678"
+         "90"
+         "12345678901234",
+         NULL},
+        {"events_queue", "", NULL},
     };
     for (size_t i = 0; i < ARRAY_LEN(good); i++) {
         lapse_error_t err;
@@ -349,7 +368,9 @@ static void test_env_overrides_defaults(void **state) {
     setenv("LAPSE_STORE", "sqlite:/tmp/x.db", 1);
     setenv("LAPSE_PREFIX", "shop", 1);
     setenv("LAPSE_CLASSES", "45m,15m", 1);
+    setenv("LAPSE_EVENTS_QUEUE", "shop.events.cancelled", 1);
     assert_int_equal(lapse_config_from_env(cfg, &err), LAPSE_OK);
+    assert_string_equal(lapse_config_get(cfg, "events_queue"), "shop.events.cancelled");
     assert_string_equal(cfg->host, "broker");
     assert_int_equal(cfg->port, 5673);
     assert_string_equal(cfg->vhost, "shop");
