@@ -414,6 +414,38 @@ static void header_str(const amqp_basic_properties_t *p, const char *key, char *
     }
 }
 
+static int64_t header_i64(const amqp_basic_properties_t *p, const char *key) {
+    if (!(p->_flags & AMQP_BASIC_HEADERS_FLAG)) {
+        return -1;
+    }
+    for (int i = 0; i < p->headers.num_entries; i++) {
+        amqp_table_entry_t *e = &p->headers.entries[i];
+        if (e->key.len == strlen(key) && memcmp(e->key.bytes, key, e->key.len) == 0) {
+            switch (e->value.kind) {
+                case AMQP_FIELD_KIND_I64:
+                    return e->value.value.i64;
+                case AMQP_FIELD_KIND_U64:
+                    return (int64_t)e->value.value.u64;
+                case AMQP_FIELD_KIND_I32:
+                    return e->value.value.i32;
+                case AMQP_FIELD_KIND_U32:
+                    return e->value.value.u32;
+                default:
+                    return -1;
+            }
+        }
+    }
+    return -1;
+}
+
+static void bytes_str(amqp_bytes_t b, char *buf, size_t cap) {
+    size_t n = b.len < cap - 1 ? b.len : cap - 1;
+    if (n > 0) {
+        memcpy(buf, b.bytes, n);
+    }
+    buf[n] = '\0';
+}
+
 size_t h_drain(amqp_connection_state_t conn, const char *queue, int idle_ms, h_msg_cb cb,
                void *opaque) {
     size_t n = 0;
@@ -445,6 +477,21 @@ size_t h_drain(amqp_connection_state_t conn, const char *queue, int idle_ms, h_m
             m.message_id[l] = '\0';
         }
         header_str(&msg.properties, "x-lapse-reason", m.reason, sizeof m.reason);
+        header_str(&msg.properties, "x-lapse-deadline", m.deadline, sizeof m.deadline);
+        m.deadline_ms = header_i64(&msg.properties, "x-lapse-deadline-ms");
+        const amqp_basic_properties_t *p = &msg.properties;
+        if (p->_flags & AMQP_BASIC_TYPE_FLAG) {
+            bytes_str(p->type, m.type, sizeof m.type);
+        }
+        if (p->_flags & AMQP_BASIC_APP_ID_FLAG) {
+            bytes_str(p->app_id, m.app_id, sizeof m.app_id);
+        }
+        if (p->_flags & AMQP_BASIC_CONTENT_TYPE_FLAG) {
+            bytes_str(p->content_type, m.content_type, sizeof m.content_type);
+        }
+        if (p->_flags & AMQP_BASIC_DELIVERY_MODE_FLAG) {
+            m.delivery_mode = p->delivery_mode;
+        }
         if (cb) {
             cb(opaque, &m);
         }

@@ -29,7 +29,13 @@ typedef struct h_msg {
     char *body;
     size_t len;
     char message_id[256];
-    char reason[256]; /* header x-lapse-reason, "" when absent */
+    char reason[256];    /* header x-lapse-reason, "" when absent */
+    char deadline[64];   /* header x-lapse-deadline, "" when absent */
+    int64_t deadline_ms; /* header x-lapse-deadline-ms, -1 when absent */
+    char type[64];       /* properties, "" when absent */
+    char app_id[64];
+    char content_type[64];
+    int delivery_mode; /* 0 when absent */
     bool redelivered;
 } h_msg_t;
 
