@@ -26,6 +26,9 @@
 #define CONSUMER_EVENTS_RETRY_MAX_MS 30000
 /* On SIGTERM/SIGINT, how long the consumer keeps publishing the events it owes. */
 #define CONSUMER_STOP_EVENTS_MS 5000
+/* Events of its own cancellations a consumer remembers while they cannot go out; older
+ * ones are left to the backlog pass (8 bytes each). */
+#define CONSUMER_OWED_MAX 100000
 /* Orders one sweep call handles per part before deliveries get their turn again. */
 #define CONSUMER_SWEEP_CHUNK 1000
 /* Busy retries of one batch in process (each may wait out SQLite's 5 s busy timeout)
@@ -75,7 +78,8 @@ struct lapse_consumer {
     bool *item_failed; /* the store could not settle items[k]: retry path */
     int64_t *seqs;     /* outbox seqs of the batch's cancellations */
     size_t n_seqs;
-    int64_t *owed; /* outbox seqs of this consumer's cancellations not yet published */
+    int64_t *owed; /* outbox seqs of this consumer's cancellations not yet published,
+                      oldest first, at most CONSUMER_OWED_MAX */
     size_t n_owed;
     int64_t owed_since;
     lapse_status_t out_failure; /* first failed confirm since the last check */
@@ -116,17 +120,27 @@ lapse_status_t lapse__consumer_forward(lapse_consumer_t *c, int64_t now,
                                        lapse_error_t *err);
 
 /** Publish outbox events through the relay (only the seqs in only[0..n_only) when only
- *  is not NULL), at most limit. Failures are logged and left in the outbox; returned
- *  events hold all events back for a growing delay, then one goes as a probe. */
-void lapse__consumer_events(lapse_consumer_t *c, const int64_t *only, size_t n_only,
+ *  is not NULL), at most limit. True when they went through. Failures are logged and
+ *  left in the outbox; returned events hold all events back for a growing delay, after
+ *  which the oldest goes alone first, as a probe. */
+bool lapse__consumer_events(lapse_consumer_t *c, const int64_t *only, size_t n_only,
                             size_t limit);
 
+/** Remember seqs (outbox rows of this consumer's cancellations) as owed. */
+void lapse__consumer_owe(lapse_consumer_t *c, const int64_t *seqs, size_t n);
+
+/** When owed events may be tried next (the events' or the connection's backoff). */
+int64_t lapse__consumer_owed_due(const lapse_consumer_t *c);
+
 /** Publish the owed events when CONSUMER_EVENTS_CHUNK of them wait, or the oldest has
- *  waited CONSUMER_EVENTS_DELAY_MS, or now. A failure leaves them to the backlog. */
+ *  waited CONSUMER_EVENTS_DELAY_MS, or now; never during a backoff. They stay owed until
+ *  they went through. */
 void lapse__consumer_events_owed(lapse_consumer_t *c, bool now);
 
-/** On stop: publish the owed events, then the rest of the outbox, for at most
- *  CONSUMER_STOP_EVENTS_MS; log what is left; close the publishing connection. */
+/** On stop: publish the owed events (those of this consumer's cancellations only: the
+ *  rest of the outbox may be another consumer's) for at most CONSUMER_STOP_EVENTS_MS,
+ *  ignoring every backoff; log the outcome and the outbox backlog; close the publishing
+ *  connection. */
 void lapse__consumer_events_final(lapse_consumer_t *c);
 
 /** Heartbeats of the publishing connection, the outbox backlog and the sweep, now and

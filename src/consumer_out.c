@@ -199,8 +199,8 @@ lapse_status_t lapse__consumer_ensure_out(lapse_consumer_t *c, lapse_error_t *er
 }
 
 /* No queue took the last events: they wait in the outbox, and the next try comes after
- * a growing delay. Until then the consumer publishes no events at all (its owed ones are
- * in the outbox too), and the next try is a single event, a probe. */
+ * a growing delay. Until then the consumer publishes no events at all; its owed ones
+ * stay owed (see lapse__consumer_events_owed), and the next try is a probe of one. */
 static void events_unroutable(lapse_consumer_t *c, size_t returned) {
     int64_t waiting = -1;
     lapse_store_events_count(c->store, &waiting, NULL);
@@ -208,7 +208,6 @@ static void events_unroutable(lapse_consumer_t *c, size_t returned) {
                                       CONSUMER_EVENTS_RETRY_MAX_MS);
     c->events_retry_at = lapse_clock_now_ms() + delay;
     c->backlog_at = c->events_retry_at;
-    c->n_owed = 0;
     lapse__log(
         c->cfg, LAPSE_LOG_WARN,
         "event=events_unroutable exchange=%s returned=%zu waiting=%lld "
@@ -217,60 +216,104 @@ static void events_unroutable(lapse_consumer_t *c, size_t returned) {
         c->topo.events_exchange, returned, (long long)waiting, (long long)delay);
 }
 
-/* Events are published after the ack; a failure leaves them in the outbox for a later
- * try and never holds up cancelling. */
-void lapse__consumer_events(lapse_consumer_t *c, const int64_t *only, size_t n_only,
-                            size_t limit) {
-    if (lapse_clock_now_ms() < c->events_retry_at) {
-        return; /* unroutable a moment ago: the backlog pass tries again in time */
-    }
+/* One relay round on the publishing connection. True when it went through: no failure
+ * and nothing returned (failures and returns are logged and start their backoff). */
+static bool relay_round(lapse_consumer_t *c, const int64_t *only, size_t n_only,
+                        size_t limit, lapse__relay_report_t *report) {
+    *report = (lapse__relay_report_t){0};
     lapse_error_t err = {0};
     if (lapse__consumer_ensure_out(c, &err) != LAPSE_OK) {
-        return;
+        return false;
     }
-    bool probe = c->events_attempt > 0;
-    if (probe) {
-        /* Owed events are in the outbox too; they follow once the probe got through. */
-        only = NULL;
-        n_only = 0;
-        limit = 1;
-    }
-    lapse__relay_report_t report;
     lapse_status_t rc =
         lapse__events_relay(&c->out, c->store, c->topo.events_exchange, only, n_only,
-                            limit, CONSUMER_CONFIRM_WAIT_MS, &report, &err);
-    c->stats.events += report.published;
+                            limit, CONSUMER_CONFIRM_WAIT_MS, report, &err);
+    c->stats.events += report->published;
     if (rc != LAPSE_OK) {
         out_failed(c, rc, &err, "events_failed");
-        return;
+        return false;
     }
-    if (report.returned > 0) {
-        events_unroutable(c, report.returned);
-        return;
+    if (report->returned > 0) {
+        events_unroutable(c, report->returned);
+        return false;
     }
-    if (probe && report.published > 0) {
-        lapse__log(c->cfg, LAPSE_LOG_INFO, "event=events_routable exchange=%s",
-                   c->topo.events_exchange);
+    return true;
+}
+
+/* Events are published after the ack; a failure leaves them in the outbox for a later
+ * try and never holds up cancelling. */
+bool lapse__consumer_events(lapse_consumer_t *c, const int64_t *only, size_t n_only,
+                            size_t limit) {
+    if (lapse_clock_now_ms() < c->events_retry_at) {
+        return false; /* unroutable a moment ago: tried again in time */
+    }
+    lapse__relay_report_t report;
+    if (c->events_attempt > 0) {
+        /* The oldest event in the outbox goes first, alone: when it is returned again,
+         * one publish was wasted, not a thousand. */
+        if (!relay_round(c, NULL, 0, 1, &report)) {
+            return false;
+        }
         c->events_attempt = 0;
-        c->backlog_at = 0; /* the rest of the backlog goes out on the next pass */
-    } else if (!only && report.read == limit) {
+        if (report.published > 0) {
+            lapse__log(c->cfg, LAPSE_LOG_INFO, "event=events_routable exchange=%s",
+                       c->topo.events_exchange);
+        }
+        /* The backlog (other consumers' events among it) waits for its usual pass, so
+         * that every consumer first publishes what it owes itself. */
+        c->backlog_at = lapse_clock_now_ms() + CONSUMER_BACKLOG_EVERY_MS;
+    }
+    if (!relay_round(c, only, n_only, limit, &report)) {
+        return false;
+    }
+    if (!only && report.read == limit) {
         c->backlog_at = 0; /* more waiting: look again on the next idle pass */
     }
+    return true;
 }
 
 void lapse__consumer_events_owed(lapse_consumer_t *c, bool now) {
-    if (c->n_owed == 0 ||
+    if (c->n_owed == 0 || lapse_clock_now_ms() < lapse__consumer_owed_due(c) ||
         (!now && c->n_owed < CONSUMER_EVENTS_CHUNK &&
          lapse_clock_now_ms() - c->owed_since < CONSUMER_EVENTS_DELAY_MS)) {
         return;
     }
-    size_t n = c->n_owed;
-    c->n_owed = 0;
-    lapse__consumer_events(c, c->owed, n, n);
+    /* Owed until they went through; those published meanwhile by someone else are
+     * skipped by the relay (it reads unpublished rows only). */
+    if (lapse__consumer_events(c, c->owed, c->n_owed, c->n_owed)) {
+        c->n_owed = 0;
+    }
 }
 
-static bool past(void *opaque) {
-    return lapse_clock_now_ms() >= *(const int64_t *)opaque;
+int64_t lapse__consumer_owed_due(const lapse_consumer_t *c) {
+    int64_t due = c->events_retry_at;
+    if (!c->out.open && c->out_retry_at > due) {
+        due = c->out_retry_at;
+    }
+    return due;
+}
+
+void lapse__consumer_owe(lapse_consumer_t *c, const int64_t *seqs, size_t n) {
+    if (n == 0) {
+        return;
+    }
+    if (c->n_owed == 0) {
+        c->owed_since = lapse_clock_now_ms();
+    }
+    size_t cap = CONSUMER_OWED_MAX;
+    if (n > cap) { /* cannot happen: a batch is at most 32767 deliveries */
+        seqs += n - cap;
+        n = cap;
+    }
+    if (c->n_owed + n > cap) {
+        /* Held back long (no queue bound, no connection): the oldest are left to the
+         * outbox's backlog pass, so memory stays bounded. */
+        size_t drop = c->n_owed + n - cap;
+        memmove(c->owed, c->owed + drop, (c->n_owed - drop) * sizeof *c->owed);
+        c->n_owed -= drop;
+    }
+    memcpy(c->owed + c->n_owed, seqs, n * sizeof *c->owed);
+    c->n_owed += n;
 }
 
 void lapse__consumer_events_final(lapse_consumer_t *c) {
@@ -278,56 +321,49 @@ void lapse__consumer_events_final(lapse_consumer_t *c) {
     lapse__relay_report_t total = {0};
     lapse_error_t err = {0};
     lapse_status_t rc = LAPSE_OK;
+    size_t owed = c->n_owed;
     /* The last chance: neither the publishing connection's nor the events' backoff is
-     * waited out (a queue may have been bound meanwhile). */
-    c->out_retry_at = 0;
-    c->events_retry_at = 0;
-    if (!c->out.open) {
+     * waited out (a queue may have been bound meanwhile). Only what this consumer owes:
+     * the rest of the outbox may be another consumer's, publishing it right now. */
+    if (owed > 0 && !c->out.open) {
         rc = open_out(c, &err);
     }
-    /* This consumer's own cancellations first, then whatever else waits. */
-    for (size_t k = 0; rc == LAPSE_OK && k < c->n_owed && !past(&deadline);
-         k += CONSUMER_EVENTS_CHUNK) {
-        size_t n =
-            c->n_owed - k < CONSUMER_EVENTS_CHUNK ? c->n_owed - k : CONSUMER_EVENTS_CHUNK;
-        lapse__relay_report_t one;
-        rc = lapse__events_relay(&c->out, c->store, c->topo.events_exchange, c->owed + k,
-                                 n, n, deadline - lapse_clock_now_ms(), &one, &err);
-        lapse__relay_report_add(&total, &one);
-        if (one.returned > 0) {
+    size_t k = 0;
+    while (rc == LAPSE_OK && k < owed && total.returned == 0) {
+        int64_t left = deadline - lapse_clock_now_ms();
+        if (left <= 0) {
+            rc = lapse_error_set(&err, LAPSE_ERR_BROKER_TIMEOUT, "out of time");
             break;
         }
+        size_t n = owed - k < CONSUMER_EVENTS_CHUNK ? owed - k : CONSUMER_EVENTS_CHUNK;
+        lapse__relay_report_t one;
+        rc = lapse__events_relay(&c->out, c->store, c->topo.events_exchange, c->owed + k,
+                                 n, n, left, &one, &err);
+        lapse__relay_report_add(&total, &one);
+        k += n;
     }
     c->n_owed = 0;
-    if (rc == LAPSE_OK && total.returned == 0) {
-        lapse__relay_report_t rest;
-        rc = lapse__events_drain(&c->out, c->store, c->topo.events_exchange, deadline,
-                                 past, &deadline, &rest, &err);
-        lapse__relay_report_add(&total, &rest);
-    }
     c->stats.events += total.published;
     lapse__broker_close(&c->out);
     c->out_failure = LAPSE_OK;
 
     int64_t waiting = -1;
     lapse_store_events_count(c->store, &waiting, NULL);
-    if (waiting == 0) {
-        lapse__log(c->cfg, LAPSE_LOG_INFO, "event=events_flushed published=%zu",
-                   total.published);
+    if (rc == LAPSE_OK && total.returned == 0) {
+        lapse__log(c->cfg, LAPSE_LOG_INFO,
+                   "event=events_flushed published=%zu owed=%zu waiting=%lld",
+                   total.published, owed, (long long)waiting);
         return;
     }
     char text[sizeof err.text];
     snprintf(text, sizeof text, "%s",
-             rc != LAPSE_OK       ? err.text
-             : total.returned > 0 ? "no queue is bound to the events exchange"
-             : past(&deadline)    ? "out of time"
-                                  : "-");
+             rc != LAPSE_OK ? err.text : "no queue is bound to the events exchange");
     lapse__consumer_sanitize(text);
     lapse__log(c->cfg, LAPSE_LOG_WARN,
-               "event=events_left exchange=%s published=%zu waiting=%lld status=%s "
-               "reason=\"%s\" note=\"they stay in the outbox for the next consumer or "
-               "sweep\"",
-               c->topo.events_exchange, total.published, (long long)waiting,
+               "event=events_left exchange=%s published=%zu owed=%zu waiting=%lld "
+               "status=%s reason=\"%s\" note=\"they stay in the outbox for the next "
+               "consumer or sweep\"",
+               c->topo.events_exchange, total.published, owed, (long long)waiting,
                lapse_status_name(rc), text);
 }
 
