@@ -333,31 +333,36 @@ static void test_standalone_sweep_publishes_its_events(void **state) {
     h_teardown(&h);
 }
 
-/* retry_in_ms of the last events_unroutable line of file, -1 when there is none. */
-static long long last_retry_in_ms(h_ctx_t *h, const char *file) {
+/* retry_in_ms of the events_unroutable lines of file after the first skip of them: the
+ * largest, -1 when there is none. */
+static long long retry_in_ms_after(h_ctx_t *h, const char *file, size_t skip) {
     FILE *f = fopen(h_path(h, file), "r");
     if (!f) {
         return -1;
     }
     char line[1024];
     long long retry = -1;
+    size_t seen = 0;
     while (fgets(line, sizeof line, f)) {
         const char *p = strstr(line, "event=events_unroutable ");
-        if (p && (p = strstr(p, " retry_in_ms="))) {
-            retry = atoll(p + strlen(" retry_in_ms="));
+        if (p && seen++ >= skip && (p = strstr(p, " retry_in_ms="))) {
+            long long v = atoll(p + strlen(" retry_in_ms="));
+            retry = v > retry ? v : retry;
         }
     }
     fclose(f);
     return retry;
 }
 
-/* c) SIGTERM while events are owed. First with no queue bound: the consumer exits 0 at
- * once and says how many wait. Then a second consumer, held back from publishing by the
- * unroutable backoff, is stopped just after a queue was bound: it publishes every event
- * in its last seconds and exits 0 within the bound. */
+/* c) SIGTERM while events are owed. A consumer that cancelled N orders with no queue
+ * bound exits 0 at once and says its N events wait. A second consumer cancels M more, is
+ * held back from publishing them by the unroutable backoff, and is stopped just after a
+ * queue was bound: it publishes its M in its last seconds, and only those (the first
+ * consumer's N may be someone else's business), exiting 0 within the bound. A sweep then
+ * publishes the N. Every event arrives once. */
 static void test_sigterm_publishes_what_is_owed(void **state) {
     (void)state;
-    enum { N = 10 };
+    enum { N = 10, M = 8 };
     h_ctx_t h;
     h_setup(&h, "events-c", "2s", true);
     char events_x[128], tap[160];
@@ -377,24 +382,41 @@ static void test_sigterm_publishes_what_is_owed(void **state) {
     int64_t first_exit_ms = mono_ms() - t0;
     char needle[256];
     snprintf(needle, sizeof needle,
-             "event=events_left exchange=%s published=0 waiting=%d ", events_x, N);
+             "event=events_left exchange=%s published=0 owed=%d waiting=%d ", events_x, N,
+             N);
     assert_int_equal(h_count_lines(&h, "consumer1.log", needle), 1);
     assert_int_equal(unpublished(&h), N);
 
-    /* The second consumer tries the backlog at its start, is refused, and backs off. Once
-     * its next try is at least 2 s away, a queue is bound and it is stopped: the events
-     * are then still owed, and only the stop path can publish them. */
+    /* The second consumer: refused at its start (the first one's backlog), then it
+     * cancels M orders of its own, which it owes from then on. */
     pid_t second = h_spawn_consumer(&h, "consumer2.log", NULL);
+    wait_lines(&h, "consumer2.log", "event=events_unroutable", 1, h_ms(10000));
+    FILE *f = fopen(h_path(&h, "more.jsonl"), "w");
+    assert_non_null(f);
+    for (int i = 0; i < M; i++) {
+        fprintf(f, "{\"order_id\":\"more-%d\",\"timeout\":\"2s\"}\n", i);
+    }
+    fclose(f);
+    assert_int_equal(
+        h_lapse(&h, NULL, 0, "publish", "--batch", h_path(&h, "more.jsonl"), NULL), 0);
+    assert_int_equal(h_wait_sql(&h, N + M, h_ms(20000),
+                                "SELECT count(*) FROM orders WHERE status='cancelled'"),
+                     N + M);
+    /* Once its next try is at least 2 s away, a queue is bound and it is stopped: its
+     * events are then still owed, and only the stop path can publish them. */
+    size_t before = h_count_lines(&h, "consumer2.log", "event=events_unroutable");
     long long retry = -1;
     for (int64_t until = mono_ms() + h_ms(90000);
-         (retry = last_retry_in_ms(&h, "consumer2.log")) < 2000 && mono_ms() < until;) {
+         (retry = retry_in_ms_after(&h, "consumer2.log", before)) < 2000 &&
+         mono_ms() < until;) {
         size_t lines = h_count_lines(&h, "consumer2.log", "event=events_unroutable");
         wait_lines(&h, "consumer2.log", "event=events_unroutable", lines + 1, 40000);
+        before = retry < 2000 ? lines : before;
     }
     assert_true(retry >= 2000);
     size_t refusals = h_count_lines(&h, "consumer2.log", "event=events_unroutable");
     h_tap(&h, conn, "tap", events_x, "#");
-    assert_int_equal(unpublished(&h), N);
+    assert_int_equal(unpublished(&h), N + M);
     t0 = mono_ms();
     assert_int_equal(h_stop(second, SIGTERM, h_ms(10000)), 0);
     int64_t second_exit_ms = mono_ms() - t0;
@@ -404,8 +426,19 @@ static void test_sigterm_publishes_what_is_owed(void **state) {
     assert_true(second_exit_ms < 5000 + h_ms(2000));
     assert_int_equal(h_count_lines(&h, "consumer2.log", "event=events_unroutable"),
                      refusals);
-    snprintf(needle, sizeof needle, "event=events_flushed published=%d", N);
+    snprintf(needle, sizeof needle,
+             "event=events_flushed published=%d owed=%d waiting=%d", M, M, N);
     assert_int_equal(h_count_lines(&h, "consumer2.log", needle), 1);
+    assert_int_equal(unpublished(&h), N);
+    assert_int_equal(h_sql_int(&h, "SELECT count(*) FROM events WHERE published_at_ms IS "
+                                   "NOT NULL AND order_id LIKE 'more-%%'"),
+                     M);
+    assert_int_equal(drain_events(&h, conn, tap, 500), M);
+
+    /* The first consumer's events, left in the outbox, go with the next sweep. */
+    char out[OUT_CAP];
+    assert_int_equal(h_lapse(&h, out, sizeof out, "sweep", NULL), 0);
+    assert_int_equal(kv(out, "events_published"), N);
     assert_int_equal(unpublished(&h), 0);
     assert_int_equal(drain_events(&h, conn, tap, 500), N);
     h_amqp_close(conn);

@@ -7,6 +7,7 @@
 #include <amqp_tcp_socket.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <jansson.h>
 #include <pthread.h>
 #include <signal.h>
 #include <spawn.h>
@@ -71,6 +72,80 @@ void h_setup(h_ctx_t *h, const char *name, const char *classes, bool declare) {
     }
 }
 
+/* The vhost of h->amqp ("/" for %2f), into buf. */
+static void url_vhost(const h_ctx_t *h, char *buf, size_t cap) {
+    char url[512];
+    snprintf(url, sizeof url, "%s", h->amqp);
+    struct amqp_connection_info info;
+    buf[0] = '\0';
+    if (amqp_parse_url(url, &info) == AMQP_STATUS_OK) {
+        snprintf(buf, cap, "%s", info.vhost);
+    }
+    if (strcmp(buf, "%2f") == 0 || strcmp(buf, "%2F") == 0) {
+        snprintf(buf, cap, "/");
+    }
+}
+
+/* A connection to h->amqp on channel 1, or NULL. */
+static amqp_connection_state_t try_open(h_ctx_t *h) {
+    char url[512], vhost[256];
+    snprintf(url, sizeof url, "%s", h->amqp);
+    url_vhost(h, vhost, sizeof vhost);
+    struct amqp_connection_info info;
+    if (amqp_parse_url(url, &info) != AMQP_STATUS_OK) {
+        return NULL;
+    }
+    amqp_connection_state_t conn = amqp_new_connection();
+    amqp_socket_t *socket = amqp_tcp_socket_new(conn);
+    if (!socket || amqp_socket_open(socket, info.host, info.port) != AMQP_STATUS_OK ||
+        amqp_login(conn, vhost, 0, 131072, 0, AMQP_SASL_METHOD_PLAIN, info.user,
+                   info.password)
+                .reply_type != AMQP_RESPONSE_NORMAL) {
+        amqp_destroy_connection(conn);
+        return NULL;
+    }
+    amqp_channel_open(conn, 1);
+    if (amqp_get_rpc_reply(conn).reply_type != AMQP_RESPONSE_NORMAL) {
+        amqp_destroy_connection(conn);
+        return NULL;
+    }
+    return conn;
+}
+
+/* Best effort: delete the queues named <prefix>.* in the test's vhost. Over a whole run
+ * the node would otherwise keep a thousand queues, and the fault tests restart it: a
+ * restart recovers every queue, slowly once they outnumber the node's file handles. */
+static void delete_queues(h_ctx_t *h) {
+    if (!getenv("LAPSE_TEST_MGMT_URL") || h->prefix[0] == '\0') {
+        return;
+    }
+    char vhost[256], path[512];
+    url_vhost(h, vhost, sizeof vhost);
+    snprintf(path, sizeof path, "/api/queues/%s?columns=name",
+             strcmp(vhost, "/") == 0 ? "%2f" : vhost);
+    if (h_http(h, "GET", path, NULL, NULL) != 200) {
+        return;
+    }
+    json_t *list = json_load_file(h_path(h, "http.out"), 0, NULL);
+    amqp_connection_state_t conn = list ? try_open(h) : NULL;
+    size_t len = strlen(h->prefix);
+    size_t i;
+    json_t *q;
+    json_array_foreach(conn ? list : NULL, i, q) {
+        const char *name = json_string_value(json_object_get(q, "name"));
+        if (name && strncmp(name, h->prefix, len) == 0 && name[len] == '.') {
+            amqp_queue_delete(conn, 1, amqp_cstring_bytes(name), 0, 0);
+            if (amqp_get_rpc_reply(conn).reply_type != AMQP_RESPONSE_NORMAL) {
+                break; /* the channel is gone; the rest stays */
+            }
+        }
+    }
+    if (conn) {
+        h_amqp_close(conn);
+    }
+    json_decref(list);
+}
+
 void h_teardown(h_ctx_t *h) {
     if (h->db) {
         sqlite3_close(h->db);
@@ -79,6 +154,7 @@ void h_teardown(h_ctx_t *h) {
     if (getenv("LAPSE_TEST_KEEP")) {
         return;
     }
+    delete_queues(h);
     char cmd[PATH_MAX + 32];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", h->dir);
     if (system(cmd) != 0) {

@@ -47,7 +47,8 @@ int h_ms(int ms);
 /* Fresh temp dir and prefix "t-<name>-<pid>"; declares the topology unless declare is
  * false. Aborts the test run with a message when the environment is not there. */
 void h_setup(h_ctx_t *h, const char *name, const char *classes, bool declare);
-/* Close the database, delete the topology's queues (best effort) and the temp dir. */
+/* Close the database, delete the test's queues (<prefix>.*, best effort) and the temp
+ * dir. */
 void h_teardown(h_ctx_t *h);
 
 /* Run `lapse <global flags> args... (NULL-terminated)`, stdout into out (may be NULL),
