@@ -2,12 +2,16 @@
  * The rabbitmq-c boundary: connect, map replies to lapse codes, confirmed publishing. */
 #include "broker_int.h"
 
+#include <lapse/message.h>
+
 #include <amqp_tcp_socket.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #define CONFIRM_WAIT_MS 30000 /* a full window waits this long for the broker */
+/* Headers of a publish up to this many are stamped on the stack, more on the heap. */
+#define SEQ_HEADERS_FIXED 8
 
 amqp_table_entry_t lapse__entry_str(const char *k, const char *v) {
     amqp_table_entry_t e;
@@ -187,24 +191,56 @@ static void settle(lapse__broker_t *broker, uint64_t tag, bool multiple,
     advance(broker);
 }
 
-static void mark_returned(lapse__broker_t *broker, const char *key) {
-    bool matched = false;
-    for (uint64_t t = broker->first_open; t < broker->next_tag; t++) {
-        lapse__pub_slot_t *slot = slot_of(broker, t);
-        if (slot->tag == t && !slot->returned && strcmp(slot->key, key) == 0) {
-            slot->returned = true;
-            matched = true;
-            break;
+amqp_table_t lapse__headers_with_seq(const amqp_table_t *in, uint64_t seq,
+                                     amqp_table_entry_t *out) {
+    amqp_table_t t = {.num_entries = 0, .entries = out};
+    size_t key_len = strlen(LAPSE_HDR_PUBLISH_SEQ);
+    for (int i = 0; in && i < in->num_entries; i++) {
+        amqp_bytes_t k = in->entries[i].key;
+        if (!(k.len == key_len && memcmp(k.bytes, LAPSE_HDR_PUBLISH_SEQ, key_len) == 0)) {
+            out[t.num_entries++] = in->entries[i];
         }
     }
-    if (!matched) {
-        /* A return we cannot attribute: failing every unsettled publish is safe, since
-         * the callers re-publish and every consumer is idempotent. */
-        for (uint64_t t = broker->first_open; t < broker->next_tag; t++) {
-            lapse__pub_slot_t *slot = slot_of(broker, t);
-            if (slot->tag == t) {
-                slot->returned = true;
-            }
+    out[t.num_entries++] = lapse__entry_i64(LAPSE_HDR_PUBLISH_SEQ, (int64_t)seq);
+    return t;
+}
+
+uint64_t lapse__publish_seq_of(const amqp_basic_properties_t *props) {
+    if (!(props->_flags & AMQP_BASIC_HEADERS_FLAG)) {
+        return 0;
+    }
+    size_t key_len = strlen(LAPSE_HDR_PUBLISH_SEQ);
+    for (int i = 0; i < props->headers.num_entries; i++) {
+        const amqp_table_entry_t *e = &props->headers.entries[i];
+        if (e->key.len != key_len ||
+            memcmp(e->key.bytes, LAPSE_HDR_PUBLISH_SEQ, key_len)) {
+            continue;
+        }
+        const amqp_field_value_t *v = &e->value;
+        int64_t n = v->kind == AMQP_FIELD_KIND_I64   ? v->value.i64
+                    : v->kind == AMQP_FIELD_KIND_U64 ? (int64_t)v->value.u64
+                    : v->kind == AMQP_FIELD_KIND_I32 ? (int64_t)v->value.i32
+                    : v->kind == AMQP_FIELD_KIND_U32 ? (int64_t)v->value.u32
+                                                     : 0;
+        return n > 0 ? (uint64_t)n : 0;
+    }
+    return 0;
+}
+
+/* basic.return names no delivery tag; the publish's own sequence header does. */
+static void mark_returned(lapse__broker_t *broker, uint64_t seq) {
+    if (seq >= broker->first_open && seq < broker->next_tag &&
+        slot_of(broker, seq)->tag == seq) {
+        slot_of(broker, seq)->returned = true;
+        return;
+    }
+    /* A return we cannot attribute (no header: not published through here): failing
+     * every unsettled publish is safe, since the callers publish again and every
+     * consumer is idempotent. */
+    for (uint64_t t = broker->first_open; t < broker->next_tag; t++) {
+        lapse__pub_slot_t *slot = slot_of(broker, t);
+        if (slot->tag == t) {
+            slot->returned = true;
         }
     }
 }
@@ -248,11 +284,7 @@ static lapse_status_t pump(lapse__broker_t *broker, int64_t timeout_ms, bool *go
             if (rc != LAPSE_OK) {
                 return rc;
             }
-            char key[sizeof broker->slots[0].key] = "";
-            if (msg.properties._flags & AMQP_BASIC_MESSAGE_ID_FLAG) {
-                lapse__bytes_to_str(msg.properties.message_id, key, sizeof key);
-            }
-            mark_returned(broker, key);
+            mark_returned(broker, lapse__publish_seq_of(&msg.properties));
             amqp_destroy_message(&msg);
             return LAPSE_OK;
         }
@@ -341,8 +373,8 @@ lapse_status_t lapse__broker_wait_confirms(lapse__broker_t *broker, int64_t time
 lapse_status_t lapse__broker_publish(lapse__broker_t *broker, const char *exchange,
                                      const char *routing_key, bool mandatory,
                                      const amqp_basic_properties_t *props,
-                                     const void *body, size_t len, const char *key,
-                                     uint64_t *tag, lapse_error_t *err) {
+                                     const void *body, size_t len, uint64_t *tag,
+                                     lapse_error_t *err) {
     if (!broker->open) {
         return lapse_error_set(err, LAPSE_ERR_BROKER_CLOSED, "publish: not connected");
     }
@@ -363,26 +395,55 @@ lapse_status_t lapse__broker_publish(lapse__broker_t *broker, const char *exchan
         }
     }
     amqp_bytes_t bytes = {.len = len, .bytes = (void *)body};
+    uint64_t t = broker->next_tag;
+    amqp_basic_properties_t stamped;
+    amqp_table_entry_t fixed[SEQ_HEADERS_FIXED];
+    amqp_table_entry_t *entries = NULL;
+    if (broker->confirms && mandatory) {
+        const amqp_table_t *old =
+            (props->_flags & AMQP_BASIC_HEADERS_FLAG) ? &props->headers : NULL;
+        size_t need = (old ? (size_t)old->num_entries : 0) + 1;
+        entries = need <= SEQ_HEADERS_FIXED ? fixed : malloc(need * sizeof *entries);
+        if (!entries) {
+            return lapse_error_set(err, LAPSE_ERR_NOMEM, "publish headers");
+        }
+        stamped = *props;
+        stamped.headers = lapse__headers_with_seq(old, t, entries);
+        stamped._flags |= AMQP_BASIC_HEADERS_FLAG;
+        props = &stamped;
+    }
     int st =
         amqp_basic_publish(broker->conn, LAPSE__CHANNEL, amqp_cstring_bytes(exchange),
                            amqp_cstring_bytes(routing_key), mandatory, 0, props, bytes);
+    if (entries != fixed) {
+        free(entries);
+    }
     if (st != AMQP_STATUS_OK) {
         broker->open = false;
         return lapse_error_set(err, LAPSE_ERR_BROKER_CLOSED, "publish to %s: %s",
                                exchange[0] ? exchange : "(default)",
                                amqp_error_string2(st));
     }
-    uint64_t t = broker->next_tag++;
+    broker->next_tag++;
     if (broker->confirms) {
         lapse__pub_slot_t *slot = slot_of(broker, t);
         slot->tag = t;
         slot->returned = false;
-        snprintf(slot->key, sizeof slot->key, "%s", key ? key : "");
     }
     if (tag) {
         *tag = t;
     }
     return LAPSE_OK;
+}
+
+void lapse__broker_swap_settle(lapse__broker_t *broker, lapse__settle_cb *cb,
+                               void **opaque) {
+    lapse__settle_cb old_cb = broker->settle_cb;
+    void *old_opaque = broker->settle_opaque;
+    broker->settle_cb = *cb;
+    broker->settle_opaque = *opaque;
+    *cb = old_cb;
+    *opaque = old_opaque;
 }
 
 void lapse__broker_close(lapse__broker_t *broker) {

@@ -19,7 +19,6 @@ typedef void (*lapse__settle_cb)(void *opaque, uint64_t tag, lapse_status_t outc
 typedef struct lapse__pub_slot {
     uint64_t tag;
     bool returned;
-    char key[LAPSE__PREFIX_MAX + 160]; /* message_id of the publish, to match returns */
 } lapse__pub_slot_t;
 
 /* A connection, its channel 1, and (with confirms on) the window of publishes the broker
@@ -57,15 +56,34 @@ lapse_status_t lapse__broker_reply(lapse__broker_t *broker, amqp_rpc_reply_t rep
                                    const char *what, lapse_error_t *err);
 
 /**
- * Publish body (borrowed) with props (borrowed). key identifies the publish when the
- * broker returns it (normally its message_id). Blocks for confirms while the window is
- * full. *tag (optional) receives the publish's tag.
+ * Publish body (borrowed) with props (borrowed). Blocks for confirms while the window is
+ * full. *tag (optional) receives the publish's tag. A mandatory publish on a confirm-mode
+ * channel also carries the header x-lapse-publish-seq = its tag (replacing one in props),
+ * so that a basic.return, which names no tag, is matched to exactly this publish; its
+ * outcome is then LAPSE_ERR_BROKER_RETURNED.
  */
 lapse_status_t lapse__broker_publish(lapse__broker_t *broker, const char *exchange,
                                      const char *routing_key, bool mandatory,
                                      const amqp_basic_properties_t *props,
-                                     const void *body, size_t len, const char *key,
-                                     uint64_t *tag, lapse_error_t *err);
+                                     const void *body, size_t len, uint64_t *tag,
+                                     lapse_error_t *err);
+
+/** The settle callback and its opaque, read and replaced (the events relay takes the
+ *  outcomes of its own publishes for the length of one round). */
+void lapse__broker_swap_settle(lapse__broker_t *broker, lapse__settle_cb *cb,
+                               void **opaque);
+
+/**
+ * Headers of a publish with x-lapse-publish-seq = seq: the entries of in (borrowed) but
+ * any x-lapse-publish-seq, then the new one, written to out (room for in->num_entries + 1
+ * entries; keys and values still point into in). Pure.
+ * @return the table over out.
+ */
+amqp_table_t lapse__headers_with_seq(const amqp_table_t *in, uint64_t seq,
+                                     amqp_table_entry_t *out);
+
+/** The x-lapse-publish-seq header of props (any integer kind), or 0 when absent. Pure. */
+uint64_t lapse__publish_seq_of(const amqp_basic_properties_t *props);
 
 /** Read confirms until every publish up to upto_tag is settled, or timeout_ms passes
  * (LAPSE_ERR_BROKER_TIMEOUT). */

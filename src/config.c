@@ -157,6 +157,30 @@ static lapse_status_t set_prefix(lapse_config_t *cfg, const char *value,
     return LAPSE_OK;
 }
 
+/* A queue for the events, declared with the topology; "" for none. Names stay within the
+ * order id alphabet so they read the same in the management UI, in its URLs and in
+ * definitions; "amq." is reserved by the broker, which refuses such a declare. */
+static lapse_status_t set_events_queue(lapse_config_t *cfg, const char *value,
+                                       lapse_error_t *err) {
+    size_t n = strlen(value);
+    if (n > LAPSE__EVENTS_QUEUE_MAX) {
+        return lapse_error_set(err, LAPSE_ERR_CONFIG_VALUE,
+                               "events_queue is longer than %d bytes",
+                               LAPSE__EVENTS_QUEUE_MAX);
+    }
+    if (n > 0 && !lapse_order_id_is_valid(value, n)) {
+        return lapse_error_set(err, LAPSE_ERR_CONFIG_VALUE,
+                               "events_queue contains a byte outside [A-Za-z0-9._:-]");
+    }
+    if (strncmp(value, "amq.", 4) == 0) {
+        return lapse_error_set(err, LAPSE_ERR_CONFIG_VALUE,
+                               "events_queue may not start with \"amq.\" (reserved by "
+                               "RabbitMQ)");
+    }
+    memcpy(cfg->events_queue, value, n + 1);
+    return LAPSE_OK;
+}
+
 static int compare_class(const void *a, const void *b) {
     int64_t x = ((const lapse__class_t *)a)->ttl_ms;
     int64_t y = ((const lapse__class_t *)b)->ttl_ms;
@@ -323,6 +347,8 @@ static const prop_t props[] = {
      NULL, NULL},
     {"sweep_in_flight", "LAPSE_IN_FLIGHT", "30s", PROP_SPAN, FIELD(sweep_in_flight_ms), 0,
      0, NULL, NULL, NULL},
+    {"events_queue", "LAPSE_EVENTS_QUEUE", "", PROP_CUSTOM, FIELD(events_queue), 0, 0,
+     NULL, set_events_queue, NULL},
     /* A test hook with a process-wide side effect (the clock), so it has no variable and
      * no default: a new config must not reset a skew another config set. */
     {"clock_skew", NULL, NULL, PROP_SPAN, FIELD(clock_skew_ms), 0, 0, NULL,

@@ -7,6 +7,8 @@
 
 #define LAPSE__MAX_CLASSES 16
 #define LAPSE__PREFIX_MAX  48
+/* Fits a topology name buffer (LAPSE__NAME_MAX) with its NUL. */
+#define LAPSE__EVENTS_QUEUE_MAX 95
 
 typedef struct lapse__class {
     char name[24]; /* canonical duration spelling, e.g. "30m" */
@@ -27,6 +29,7 @@ struct lapse_config {
     lapse__class_t classes[LAPSE__MAX_CLASSES];
     size_t n_classes;
     char classes_text[LAPSE__MAX_CLASSES * 24];
+    char events_queue[LAPSE__EVENTS_QUEUE_MAX + 1]; /* "" for none */
     int prefetch;
     int heartbeat;
     bool quorum;      /* queue_type: quorum queues instead of classic ones */

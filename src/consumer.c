@@ -25,8 +25,8 @@ lapse_consumer_t *lapse_consumer_new(const lapse_config_t *cfg, lapse_store_t *s
     c->items = calloc(c->cap, sizeof *c->items);
     c->item_of = calloc(c->cap, sizeof *c->item_of);
     c->item_failed = calloc(c->cap, sizeof *c->item_failed);
-    c->seqs = calloc(CONSUMER_EVENTS_CHUNK + c->cap, sizeof *c->seqs);
-    c->owed = calloc(CONSUMER_EVENTS_CHUNK + c->cap, sizeof *c->owed);
+    c->seqs = calloc(c->cap, sizeof *c->seqs);
+    c->owed = calloc(CONSUMER_OWED_MAX, sizeof *c->owed);
     if (!c->batch || !c->items || !c->item_of || !c->item_failed || !c->seqs ||
         !c->owed) {
         lapse_consumer_free(c);
@@ -127,10 +127,15 @@ static lapse_status_t collect(lapse_consumer_t *c, lapse_error_t *err) {
     while (c->n < c->cap) {
         int64_t wait_ms = CONSUMER_IDLE_WAIT_MS;
         if (c->n == 0 && c->n_owed > 0) { /* owed events must not wait for traffic */
-            wait_ms = c->owed_since + CONSUMER_EVENTS_DELAY_MS - lapse_clock_now_ms();
-            if (wait_ms <= 0) {
+            int64_t due = c->owed_since + CONSUMER_EVENTS_DELAY_MS;
+            int64_t backoff = lapse__consumer_owed_due(c);
+            due = backoff > due ? backoff : due;
+            int64_t until_due = due - lapse_clock_now_ms();
+            if (until_due <= 0) {
                 break;
             }
+            wait_ms =
+                until_due < CONSUMER_IDLE_WAIT_MS ? until_due : CONSUMER_IDLE_WAIT_MS;
         }
         if (c->n > 0) {
             wait_ms = CONSUMER_BATCH_WINDOW_MS - (lapse_clock_now_ms() - started);
@@ -417,11 +422,7 @@ static lapse_status_t process(lapse_consumer_t *c, const volatile sig_atomic_t *
     }
     /* This batch's events go out with the next ones, within CONSUMER_EVENTS_DELAY_MS:
      * one confirmed publish round and one store write for several batches. */
-    if (c->n_seqs > 0 && c->n_owed == 0) {
-        c->owed_since = lapse_clock_now_ms();
-    }
-    memcpy(c->owed + c->n_owed, c->seqs, c->n_seqs * sizeof *c->owed);
-    c->n_owed += c->n_seqs;
+    lapse__consumer_owe(c, c->seqs, c->n_seqs);
     return LAPSE_OK;
 }
 
@@ -468,10 +469,12 @@ static lapse_status_t session(lapse_consumer_t *c, const volatile sig_atomic_t *
         drop_batch(c);
     }
     drop_batch(c);
-    lapse__consumer_events_owed(c, true);
+    /* Deliveries not acked go back to the queue now, for the other consumers. */
     lapse__broker_close(&c->in);
-    lapse__broker_close(&c->out);
-    c->out_failure = LAPSE_OK;
+    if (!*stop) {
+        lapse__broker_close(&c->out);
+        c->out_failure = LAPSE_OK;
+    }
     return rc;
 }
 
@@ -503,6 +506,9 @@ lapse_status_t lapse_consumer_run(lapse_consumer_t *c, const volatile sig_atomic
                    lapse_status_name(rc), text, attempt, (long long)delay);
         lapse__sleep_ms(delay, stop);
     }
+    /* Stopped: what this consumer cancelled is published before it goes, within a
+     * bound, on the connection it has (or a new one). */
+    lapse__consumer_events_final(c);
     lapse__log(c->cfg, LAPSE_LOG_INFO,
                "event=stopped deliveries=%llu cancelled=%llu noops=%llu early=%llu "
                "retried=%llu parked=%llu events=%llu",

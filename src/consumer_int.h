@@ -21,6 +21,14 @@
 /* How long a cancellation's event may wait for those of the next batches. */
 #define CONSUMER_EVENTS_DELAY_MS  50
 #define CONSUMER_BACKLOG_EVERY_MS 5000
+/* Events no queue took are tried again after a delay growing between these. */
+#define CONSUMER_EVENTS_RETRY_MIN_MS 1000
+#define CONSUMER_EVENTS_RETRY_MAX_MS 30000
+/* On SIGTERM/SIGINT, how long the consumer keeps publishing the events it owes. */
+#define CONSUMER_STOP_EVENTS_MS 5000
+/* Events of its own cancellations a consumer remembers while they cannot go out; older
+ * ones are left to the backlog pass (8 bytes each). */
+#define CONSUMER_OWED_MAX 100000
 /* Orders one sweep call handles per part before deliveries get their turn again. */
 #define CONSUMER_SWEEP_CHUNK 1000
 /* Busy retries of one batch in process (each may wait out SQLite's 5 s busy timeout)
@@ -68,13 +76,15 @@ struct lapse_consumer {
     lapse_cancel_item_t *items;
     size_t *item_of;   /* items index -> batch index */
     bool *item_failed; /* the store could not settle items[k]: retry path */
-    int64_t *seqs;
+    int64_t *seqs;     /* outbox seqs of the batch's cancellations */
     size_t n_seqs;
-    int64_t *owed; /* outbox seqs of this consumer's cancellations not yet published */
+    int64_t *owed; /* outbox seqs of this consumer's cancellations not yet published,
+                      oldest first, at most CONSUMER_OWED_MAX */
     size_t n_owed;
     int64_t owed_since;
     lapse_status_t out_failure; /* first failed confirm since the last check */
-    lapse_error_t event_error;  /* why the last event publish failed */
+    int64_t events_retry_at;    /* events were returned: none published before this */
+    unsigned events_attempt;    /* returned rounds in a row (0: events get through) */
     int64_t out_retry_at;       /* when to reopen a failed publishing connection */
     unsigned out_attempt;
     int64_t backlog_at;    /* next look at the outbox */
@@ -109,14 +119,29 @@ lapse_status_t lapse__consumer_ensure_out(lapse_consumer_t *c, lapse_error_t *er
 lapse_status_t lapse__consumer_forward(lapse_consumer_t *c, int64_t now,
                                        lapse_error_t *err);
 
-/** Publish outbox events (only the seqs in only[0..n_only) when only is not NULL; it
- *  must not alias c->seqs), at most limit. Failures are logged and left in the outbox. */
-void lapse__consumer_events(lapse_consumer_t *c, const int64_t *only, size_t n_only,
+/** Publish outbox events through the relay (only the seqs in only[0..n_only) when only
+ *  is not NULL), at most limit. True when they went through. Failures are logged and
+ *  left in the outbox; returned events hold all events back for a growing delay, after
+ *  which the oldest goes alone first, as a probe. */
+bool lapse__consumer_events(lapse_consumer_t *c, const int64_t *only, size_t n_only,
                             size_t limit);
 
+/** Remember seqs (outbox rows of this consumer's cancellations) as owed. */
+void lapse__consumer_owe(lapse_consumer_t *c, const int64_t *seqs, size_t n);
+
+/** When owed events may be tried next (the events' or the connection's backoff). */
+int64_t lapse__consumer_owed_due(const lapse_consumer_t *c);
+
 /** Publish the owed events when CONSUMER_EVENTS_CHUNK of them wait, or the oldest has
- *  waited CONSUMER_EVENTS_DELAY_MS, or now. A failure leaves them to the backlog. */
+ *  waited CONSUMER_EVENTS_DELAY_MS, or now; never during a backoff. They stay owed until
+ *  they went through. */
 void lapse__consumer_events_owed(lapse_consumer_t *c, bool now);
+
+/** On stop: publish the owed events (those of this consumer's cancellations only: the
+ *  rest of the outbox may be another consumer's) for at most CONSUMER_STOP_EVENTS_MS,
+ *  ignoring every backoff; log the outcome and the outbox backlog; close the publishing
+ *  connection. */
+void lapse__consumer_events_final(lapse_consumer_t *c);
 
 /** Heartbeats of the publishing connection, the outbox backlog and the sweep, now and
  *  then. */

@@ -3,6 +3,7 @@
  * a publishing connection that recovers on its own. */
 #include "consumer_int.h"
 
+#include "events_int.h"
 #include "publisher_int.h"
 
 #include <lapse/sweep.h>
@@ -66,13 +67,9 @@ static lapse_status_t park(lapse_consumer_t *c, delivery_t *d, lapse_error_t *er
     props._flags &= ~(amqp_flags_t)AMQP_BASIC_EXPIRATION_FLAG;
     props._flags |= AMQP_BASIC_HEADERS_FLAG | AMQP_BASIC_DELIVERY_MODE_FLAG;
     props.delivery_mode = AMQP_DELIVERY_PERSISTENT;
-    char key[LAPSE_ORDER_ID_MAX + 1] = "";
-    if (props._flags & AMQP_BASIC_MESSAGE_ID_FLAG) {
-        lapse__bytes_to_str(props.message_id, key, sizeof key);
-    }
     lapse_status_t rc = lapse__broker_publish(&c->out, c->topo.parked_exchange, "", true,
                                               &props, d->env.message.body.bytes,
-                                              d->env.message.body.len, key, NULL, err);
+                                              d->env.message.body.len, NULL, err);
     free(entries);
     return rc;
 }
@@ -162,58 +159,6 @@ lapse_status_t lapse__consumer_forward(lapse_consumer_t *c, int64_t now,
     return rc;
 }
 
-static int publish_event(void *opaque, const lapse_event_t *ev) {
-    lapse_consumer_t *c = opaque;
-    amqp_basic_properties_t props;
-    memset(&props, 0, sizeof props);
-    props._flags = AMQP_BASIC_CONTENT_TYPE_FLAG | AMQP_BASIC_DELIVERY_MODE_FLAG |
-                   AMQP_BASIC_MESSAGE_ID_FLAG | AMQP_BASIC_TIMESTAMP_FLAG |
-                   AMQP_BASIC_APP_ID_FLAG | AMQP_BASIC_TYPE_FLAG;
-    props.content_type = amqp_cstring_bytes("application/json");
-    props.delivery_mode = AMQP_DELIVERY_PERSISTENT;
-    props.message_id = amqp_cstring_bytes(ev->event_id);
-    props.timestamp = (uint64_t)(lapse_clock_now_ms() / 1000);
-    props.app_id = amqp_cstring_bytes(LAPSE_APP_ID);
-    props.type = amqp_cstring_bytes(LAPSE_EVENT_CANCELLED);
-    /* Not mandatory: an events exchange nobody listens to is a normal deployment. */
-    if (lapse__broker_publish(&c->out, c->topo.events_exchange, LAPSE_EVENT_CANCELLED,
-                              false, &props, ev->body, strlen(ev->body), ev->event_id,
-                              NULL, &c->event_error) != LAPSE_OK) {
-        return 1;
-    }
-    c->seqs[c->n_seqs++] = ev->seq;
-    return 0;
-}
-
-/* Publish outbox events (only those in `only` when given; it must not alias c->seqs),
- * confirmed, then mark them published. A crash in between re-publishes them: the event
- * id stays the same, so downstream deduplicates. */
-static lapse_status_t publish_events(lapse_consumer_t *c, const int64_t *only,
-                                     size_t n_only, size_t limit, lapse_error_t *err) {
-    c->n_seqs = 0;
-    lapse_error_clear(&c->event_error);
-    lapse_status_t rc =
-        lapse_store_events_pending(c->store, limit, only, n_only, publish_event, c, err);
-    if (rc == LAPSE_OK && c->event_error.code != LAPSE_OK) {
-        rc = lapse_error_set(err, c->event_error.code, "%s", c->event_error.text);
-    }
-    if (rc == LAPSE_OK && c->n_seqs > 0) {
-        rc = lapse__broker_wait_confirms(&c->out, CONSUMER_CONFIRM_WAIT_MS, err);
-    }
-    if (rc == LAPSE_OK && c->out_failure != LAPSE_OK) {
-        rc = lapse_error_set(err, c->out_failure, "publishing events");
-        c->out_failure = LAPSE_OK;
-    }
-    if (rc == LAPSE_OK && c->n_seqs > 0) {
-        rc = lapse_store_events_mark_published(c->store, c->seqs, c->n_seqs,
-                                               lapse_clock_now_ms(), err);
-        if (rc == LAPSE_OK) {
-            c->stats.events += c->n_seqs;
-        }
-    }
-    return rc;
-}
-
 static void out_failed(lapse_consumer_t *c, lapse_status_t rc, const lapse_error_t *why,
                        const char *what) {
     char text[sizeof why->text];
@@ -228,6 +173,12 @@ static void out_failed(lapse_consumer_t *c, lapse_status_t rc, const lapse_error
     c->out_retry_at = lapse_clock_now_ms() + delay;
 }
 
+static lapse_status_t open_out(lapse_consumer_t *c, lapse_error_t *err) {
+    char name[sizeof c->name + 4];
+    snprintf(name, sizeof name, "%s out", c->name);
+    return lapse__broker_open(&c->out, c->cfg, name, CONSUMER_WINDOW, on_settle, c, err);
+}
+
 /* The publishing connection fails on its own (an events exchange deleted, a missed
  * heartbeat): reopen it with backoff, without stopping the consuming side. */
 lapse_status_t lapse__consumer_ensure_out(lapse_consumer_t *c, lapse_error_t *err) {
@@ -238,10 +189,7 @@ lapse_status_t lapse__consumer_ensure_out(lapse_consumer_t *c, lapse_error_t *er
         return lapse_error_set(err, LAPSE_ERR_BROKER_CLOSED,
                                "publishing connection down, retrying later");
     }
-    char name[sizeof c->name + 4];
-    snprintf(name, sizeof name, "%s out", c->name);
-    lapse_status_t rc =
-        lapse__broker_open(&c->out, c->cfg, name, CONSUMER_WINDOW, on_settle, c, err);
+    lapse_status_t rc = open_out(c, err);
     if (rc != LAPSE_OK) {
         out_failed(c, rc, err, "out_connect_failed");
         return rc;
@@ -250,31 +198,173 @@ lapse_status_t lapse__consumer_ensure_out(lapse_consumer_t *c, lapse_error_t *er
     return LAPSE_OK;
 }
 
-/* Events are published after the ack; a failure leaves them in the outbox for a later
- * try and never holds up cancelling. */
-void lapse__consumer_events(lapse_consumer_t *c, const int64_t *only, size_t n_only,
-                            size_t limit) {
+/* No queue took the last events: they wait in the outbox, and the next try comes after
+ * a growing delay. Until then the consumer publishes no events at all; its owed ones
+ * stay owed (see lapse__consumer_events_owed), and the next try is a probe of one. */
+static void events_unroutable(lapse_consumer_t *c, size_t returned) {
+    int64_t waiting = -1;
+    lapse_store_events_count(c->store, &waiting, NULL);
+    int64_t delay = lapse__backoff_ms(c->events_attempt++, CONSUMER_EVENTS_RETRY_MIN_MS,
+                                      CONSUMER_EVENTS_RETRY_MAX_MS);
+    c->events_retry_at = lapse_clock_now_ms() + delay;
+    c->backlog_at = c->events_retry_at;
+    lapse__log(
+        c->cfg, LAPSE_LOG_WARN,
+        "event=events_unroutable exchange=%s returned=%zu waiting=%lld "
+        "retry_in_ms=%lld note=\"no queue is bound to the exchange; events stay in "
+        "the outbox\"",
+        c->topo.events_exchange, returned, (long long)waiting, (long long)delay);
+}
+
+/* One relay round on the publishing connection. True when it went through: no failure
+ * and nothing returned (failures and returns are logged and start their backoff). */
+static bool relay_round(lapse_consumer_t *c, const int64_t *only, size_t n_only,
+                        size_t limit, lapse__relay_report_t *report) {
+    *report = (lapse__relay_report_t){0};
     lapse_error_t err = {0};
     if (lapse__consumer_ensure_out(c, &err) != LAPSE_OK) {
-        return;
+        return false;
     }
-    lapse_status_t rc = publish_events(c, only, n_only, limit, &err);
+    lapse_status_t rc =
+        lapse__events_relay(&c->out, c->store, c->topo.events_exchange, only, n_only,
+                            limit, CONSUMER_CONFIRM_WAIT_MS, report, &err);
+    c->stats.events += report->published;
     if (rc != LAPSE_OK) {
         out_failed(c, rc, &err, "events_failed");
-    } else if (!only && c->n_seqs == limit) {
+        return false;
+    }
+    if (report->returned > 0) {
+        events_unroutable(c, report->returned);
+        return false;
+    }
+    return true;
+}
+
+/* Events are published after the ack; a failure leaves them in the outbox for a later
+ * try and never holds up cancelling. */
+bool lapse__consumer_events(lapse_consumer_t *c, const int64_t *only, size_t n_only,
+                            size_t limit) {
+    if (lapse_clock_now_ms() < c->events_retry_at) {
+        return false; /* unroutable a moment ago: tried again in time */
+    }
+    lapse__relay_report_t report;
+    if (c->events_attempt > 0) {
+        /* The oldest event in the outbox goes first, alone: when it is returned again,
+         * one publish was wasted, not a thousand. */
+        if (!relay_round(c, NULL, 0, 1, &report)) {
+            return false;
+        }
+        c->events_attempt = 0;
+        if (report.published > 0) {
+            lapse__log(c->cfg, LAPSE_LOG_INFO, "event=events_routable exchange=%s",
+                       c->topo.events_exchange);
+        }
+        /* The backlog (other consumers' events among it) waits for its usual pass, so
+         * that every consumer first publishes what it owes itself. */
+        c->backlog_at = lapse_clock_now_ms() + CONSUMER_BACKLOG_EVERY_MS;
+    }
+    if (!relay_round(c, only, n_only, limit, &report)) {
+        return false;
+    }
+    if (!only && report.read == limit) {
         c->backlog_at = 0; /* more waiting: look again on the next idle pass */
     }
+    return true;
 }
 
 void lapse__consumer_events_owed(lapse_consumer_t *c, bool now) {
-    if (c->n_owed == 0 ||
+    if (c->n_owed == 0 || lapse_clock_now_ms() < lapse__consumer_owed_due(c) ||
         (!now && c->n_owed < CONSUMER_EVENTS_CHUNK &&
          lapse_clock_now_ms() - c->owed_since < CONSUMER_EVENTS_DELAY_MS)) {
         return;
     }
-    size_t n = c->n_owed;
+    /* Owed until they went through; those published meanwhile by someone else are
+     * skipped by the relay (it reads unpublished rows only). */
+    if (lapse__consumer_events(c, c->owed, c->n_owed, c->n_owed)) {
+        c->n_owed = 0;
+    }
+}
+
+int64_t lapse__consumer_owed_due(const lapse_consumer_t *c) {
+    int64_t due = c->events_retry_at;
+    if (!c->out.open && c->out_retry_at > due) {
+        due = c->out_retry_at;
+    }
+    return due;
+}
+
+void lapse__consumer_owe(lapse_consumer_t *c, const int64_t *seqs, size_t n) {
+    if (n == 0) {
+        return;
+    }
+    if (c->n_owed == 0) {
+        c->owed_since = lapse_clock_now_ms();
+    }
+    size_t cap = CONSUMER_OWED_MAX;
+    if (n > cap) { /* cannot happen: a batch is at most 32767 deliveries */
+        seqs += n - cap;
+        n = cap;
+    }
+    if (c->n_owed + n > cap) {
+        /* Held back long (no queue bound, no connection): the oldest are left to the
+         * outbox's backlog pass, so memory stays bounded. */
+        size_t drop = c->n_owed + n - cap;
+        memmove(c->owed, c->owed + drop, (c->n_owed - drop) * sizeof *c->owed);
+        c->n_owed -= drop;
+    }
+    memcpy(c->owed + c->n_owed, seqs, n * sizeof *c->owed);
+    c->n_owed += n;
+}
+
+void lapse__consumer_events_final(lapse_consumer_t *c) {
+    int64_t deadline = lapse_clock_now_ms() + CONSUMER_STOP_EVENTS_MS;
+    lapse__relay_report_t total = {0};
+    lapse_error_t err = {0};
+    lapse_status_t rc = LAPSE_OK;
+    size_t owed = c->n_owed;
+    /* The last chance: neither the publishing connection's nor the events' backoff is
+     * waited out (a queue may have been bound meanwhile). Only what this consumer owes:
+     * the rest of the outbox may be another consumer's, publishing it right now. */
+    if (owed > 0 && !c->out.open) {
+        rc = open_out(c, &err);
+    }
+    size_t k = 0;
+    while (rc == LAPSE_OK && k < owed && total.returned == 0) {
+        int64_t left = deadline - lapse_clock_now_ms();
+        if (left <= 0) {
+            rc = lapse_error_set(&err, LAPSE_ERR_BROKER_TIMEOUT, "out of time");
+            break;
+        }
+        size_t n = owed - k < CONSUMER_EVENTS_CHUNK ? owed - k : CONSUMER_EVENTS_CHUNK;
+        lapse__relay_report_t one;
+        rc = lapse__events_relay(&c->out, c->store, c->topo.events_exchange, c->owed + k,
+                                 n, n, left, &one, &err);
+        lapse__relay_report_add(&total, &one);
+        k += n;
+    }
     c->n_owed = 0;
-    lapse__consumer_events(c, c->owed, n, n);
+    c->stats.events += total.published;
+    lapse__broker_close(&c->out);
+    c->out_failure = LAPSE_OK;
+
+    int64_t waiting = -1;
+    lapse_store_events_count(c->store, &waiting, NULL);
+    if (rc == LAPSE_OK && total.returned == 0) {
+        lapse__log(c->cfg, LAPSE_LOG_INFO,
+                   "event=events_flushed published=%zu owed=%zu waiting=%lld",
+                   total.published, owed, (long long)waiting);
+        return;
+    }
+    char text[sizeof err.text];
+    snprintf(text, sizeof text, "%s",
+             rc != LAPSE_OK ? err.text : "no queue is bound to the events exchange");
+    lapse__consumer_sanitize(text);
+    lapse__log(c->cfg, LAPSE_LOG_WARN,
+               "event=events_left exchange=%s published=%zu owed=%zu waiting=%lld "
+               "status=%s reason=\"%s\" note=\"they stay in the outbox for the next "
+               "consumer or sweep\"",
+               c->topo.events_exchange, total.published, owed, (long long)waiting,
+               lapse_status_name(rc), text);
 }
 
 /* The safety net under the broker path (see sweep.h): orders never confirmed are
@@ -287,6 +377,7 @@ static void sweep(lapse_consumer_t *c, int64_t now) {
     opts.grace_ms = c->cfg->sweep_grace_ms;
     opts.in_flight_ms = c->cfg->sweep_in_flight_ms;
     opts.max_orders = CONSUMER_SWEEP_CHUNK;
+    opts.events = false; /* the consumer publishes the outbox itself */
     /* The sweep cancels by this host's clock: when it may run ahead by more than the
      * grace, direct cancelling could be early, so only the re-publish part runs. */
     int64_t skew = lapse__consumer_skew_bound(c);

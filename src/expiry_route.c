@@ -20,8 +20,14 @@ lapse_status_t lapse__publish_expiry(lapse__broker_t *broker, const char *exchan
     if (rc != LAPSE_OK) {
         return lapse_error_set(err, rc, "encode %s", msg->order_id);
     }
-    amqp_table_entry_t headers[2] = {
+    /* The deadline twice: in ms for programs, and spelled out for a person reading the
+     * message in the management UI. Every (re-)publish writes both, so a message sent
+     * back down the ladder carries them too. */
+    char deadline[LAPSE_RFC3339_LEN];
+    lapse_time_format_rfc3339(msg->deadline_ms, deadline);
+    amqp_table_entry_t headers[3] = {
         lapse__entry_i64(LAPSE_HDR_DEADLINE, msg->deadline_ms),
+        lapse__entry_str(LAPSE_HDR_DEADLINE_TEXT, deadline),
         lapse__entry_i64(LAPSE_HDR_ATTEMPTS, attempts)};
     amqp_basic_properties_t props;
     memset(&props, 0, sizeof props);
@@ -35,10 +41,10 @@ lapse_status_t lapse__publish_expiry(lapse__broker_t *broker, const char *exchan
     props.timestamp = (uint64_t)(msg->created_at_ms / 1000);
     props.app_id = amqp_cstring_bytes(LAPSE_APP_ID);
     props.type = amqp_cstring_bytes(LAPSE_MSG_TYPE);
-    props.headers.num_entries = attempts > 0 ? 2 : 1;
+    props.headers.num_entries = attempts > 0 ? 3 : 2;
     props.headers.entries = headers;
     return lapse__broker_publish(broker, exchange, routing_key, true, &props, body, len,
-                                 msg->order_id, tag, err);
+                                 tag, err);
 }
 
 lapse_status_t lapse_deadline_check(int64_t deadline_ms, int64_t now_ms,

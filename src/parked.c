@@ -345,7 +345,7 @@ static lapse_status_t republish(replay_t *r, const amqp_message_t *msg,
      * cannot route: without one, a return still keeps the parked copy. */
     lapse_status_t rc = lapse__broker_publish(
         &r->out, r->s.topo.expired_exchange, LAPSE__RK_EXPIRED, true, &props,
-        msg->body.bytes, msg->body.len, desc->message_id, &it->publish_tag, err);
+        msg->body.bytes, msg->body.len, &it->publish_tag, err);
     free(entries);
     if (rc == LAPSE_OK) {
         r->n++;

@@ -422,6 +422,15 @@ lapse_status_t lapse_store_events_mark_published(lapse_store_t *store,
     return store->cls->events_mark_published(store, seqs, n, now_ms, err);
 }
 
+lapse_status_t lapse_store_events_count(lapse_store_t *store, int64_t *pending,
+                                        lapse_error_t *err) {
+    lapse_error_clear(err);
+    if (store == NULL || pending == NULL) {
+        return invalid(err, "events_count: NULL argument");
+    }
+    return store->cls->events_count(store, pending, err);
+}
+
 void lapse_pending_filter_init(lapse_pending_filter_t *filter) {
     if (filter == NULL) {
         return;

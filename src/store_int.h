@@ -79,6 +79,9 @@ typedef struct lapse__store_class {
                                      lapse__event_list_t *out, lapse_error_t *err);
     lapse_status_t (*events_mark_published)(lapse_store_t *store, const int64_t *seqs,
                                             size_t n, int64_t now_ms, lapse_error_t *err);
+    /* The number of unpublished events, in one read. */
+    lapse_status_t (*events_count)(lapse_store_t *store, int64_t *pending,
+                                   lapse_error_t *err);
     /* Fills page (up to page->cap) with the pending orders that match filter, strictly
      * after (after_deadline_ms, after_id) in (deadline, order id) order, in that order,
      * with their holds when filter->with_holds; filter->limit and the filter's own cursor

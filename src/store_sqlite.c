@@ -405,6 +405,21 @@ static lapse_status_t sq_count(lapse_store_t *store, int64_t counts[3],
     return rc;
 }
 
+static lapse_status_t sq_events_count(lapse_store_t *store, int64_t *pending,
+                                      lapse_error_t *err) {
+    sqlite_store_t *s = as_sqlite(store);
+    sqlite3_stmt *st = s->stmt[ST_EVENTS_COUNT];
+    lapse_status_t rc = LAPSE_OK;
+    int src = sqlite3_step(st);
+    if (src == SQLITE_ROW) {
+        *pending = sqlite3_column_int64(st, 0);
+    } else {
+        rc = fail(s, src, STMT_NAME[ST_EVENTS_COUNT], err);
+    }
+    release(st);
+    return rc;
+}
+
 /* Appends the rows of statement id, bound to param, until out holds limit events. */
 static lapse_status_t collect_events(sqlite_store_t *s, stmt_id_t id, int64_t param,
                                      size_t limit, lapse__event_list_t *out,
@@ -533,6 +548,7 @@ static const lapse__store_class_t sqlite_class = {
     .count = sq_count,
     .events_pending = sq_events_pending,
     .events_mark_published = sq_events_mark_published,
+    .events_count = sq_events_count,
     .pending_page = sq_pending_page,
     .close = sq_close,
 };

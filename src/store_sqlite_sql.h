@@ -88,7 +88,8 @@ static const char SCHEMA_SQL[] =
     X(EVENT_BY_SEQ, "SELECT seq, event_id, order_id, body FROM events"                   \
                     " WHERE seq = ?1 AND published_at_ms IS NULL")                       \
     X(EVENT_PUBLISHED, "UPDATE events SET published_at_ms = ?1"                          \
-                       " WHERE seq = ?2 AND published_at_ms IS NULL")
+                       " WHERE seq = ?2 AND published_at_ms IS NULL")                    \
+    X(EVENTS_COUNT, "SELECT count(*) FROM events WHERE published_at_ms IS NULL")
 
 typedef enum stmt_id {
 #define STMT_ENUM_(name, sql) ST_##name,

@@ -6,6 +6,8 @@
 
 #include "backoff_int.h"
 #include "config_int.h"
+#include "events_int.h"
+#include "topology_int.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -58,8 +60,11 @@ void lapse_sweep_opts_init(lapse_sweep_opts_t *opts) {
     if (opts == NULL) {
         return;
     }
-    *opts = (lapse_sweep_opts_t){
-        .grace_ms = 60000, .in_flight_ms = 30000, .republish = true, .cancel = true};
+    *opts = (lapse_sweep_opts_t){.grace_ms = 60000,
+                                 .in_flight_ms = 30000,
+                                 .republish = true,
+                                 .cancel = true,
+                                 .events = true};
 }
 
 /* Logs a failure of the current part and keeps the run's first one, as
@@ -300,6 +305,92 @@ static void republish(sweep_t *s, lapse_pending_filter_t *filter) {
     }
 }
 
+/* ---- events ----------------------------------------------------------------------- */
+
+static bool events_stop(void *opaque) {
+    sweep_t *s = opaque;
+    return s->stopped || progress(s) != 0;
+}
+
+/* One warning line that says why events stay in the outbox; the run does not fail for it:
+ * the cancellations are done, and a consumer or the next sweep publishes them. */
+static void events_left(sweep_t *s, const char *why, lapse_status_t rc,
+                        const char *detail) {
+    char text[sizeof s->err.text];
+    snprintf(text, sizeof text, "%s", detail);
+    for (char *p = text; *p; p++) {
+        *p = *p == '"' || *p == '\n' ? '\'' : *p;
+    }
+    lapse__log(s->cfg, LAPSE_LOG_WARN,
+               "event=%s_events_left reason=%s status=%s detail=\"%s\" waiting=%lld "
+               "note=\"left in the outbox for a consumer or the next sweep\"",
+               s->event, why, lapse_status_name(rc), text,
+               (long long)s->report->events_waiting);
+}
+
+/* Publish the outbox (the events of the orders just cancelled, and any older ones) on a
+ * connection of its own, through the same relay as the consumer. */
+static void publish_events(sweep_t *s) {
+    s->part = "events";
+    lapse_error_t err = {0};
+    lapse_status_t rc =
+        lapse_store_events_count(s->store, &s->report->events_waiting, &err);
+    if (rc != LAPSE_OK) {
+        s->report->events_waiting = -1;
+        events_left(s, "store", rc, err.text);
+        return;
+    }
+    if (s->report->events_waiting == 0) {
+        return; /* nothing to publish: no broker connection */
+    }
+    lapse__topology_t *topo = malloc(sizeof *topo);
+    if (topo == NULL) {
+        events_left(s, "memory", LAPSE_ERR_NOMEM, "topology");
+        return;
+    }
+    lapse__topology_build(s->cfg, topo);
+    lapse__broker_t broker;
+    for (unsigned attempt = 0; attempt < CONNECT_TRIES; attempt++) {
+        rc = lapse__broker_open(&broker, s->cfg, "lapse sweep events",
+                                LAPSE__EVENTS_ROUND, NULL, NULL, &err);
+        if (rc == LAPSE_OK || !lapse_status_is_retriable(rc)) {
+            break;
+        }
+        if (attempt + 1 < CONNECT_TRIES) {
+            lapse__sleep_ms(lapse__backoff_ms(attempt, 250, 1000), NULL);
+        }
+    }
+    if (rc != LAPSE_OK) {
+        events_left(s, "broker", rc, err.text);
+        free(topo);
+        return;
+    }
+    lapse__relay_report_t total;
+    rc = lapse__events_drain(&broker, s->store, topo->events_exchange, INT64_MAX,
+                             events_stop, s, &total, &err);
+    lapse__broker_close(&broker);
+    s->report->events_published = total.published;
+    if (lapse_store_events_count(s->store, &s->report->events_waiting, NULL) !=
+        LAPSE_OK) {
+        s->report->events_waiting = -1;
+    }
+    if (total.published > 0) {
+        lapse__log(s->cfg, LAPSE_LOG_INFO, "event=%s_events published=%zu waiting=%lld",
+                   s->event, total.published, (long long)s->report->events_waiting);
+    }
+    if (rc != LAPSE_OK) {
+        events_left(s, "publish", rc, err.text);
+    } else if (total.returned > 0) {
+        lapse__log(s->cfg, LAPSE_LOG_WARN,
+                   "event=events_unroutable exchange=%s returned=%zu waiting=%lld "
+                   "note=\"no queue is bound to the exchange; events stay in the outbox "
+                   "for a consumer or the next sweep\"",
+                   topo->events_exchange, total.returned,
+                   (long long)s->report->events_waiting);
+    }
+    free(topo);
+}
+
 /* ---- runs ------------------------------------------------------------------------- */
 
 static lapse_status_t start(sweep_t **out, const char *event, const lapse_config_t *cfg,
@@ -308,7 +399,7 @@ static lapse_status_t start(sweep_t **out, const char *event, const lapse_config
                             lapse_error_t *err) {
     lapse_error_clear(err);
     if (report != NULL) {
-        *report = (lapse_sweep_report_t){0};
+        *report = (lapse_sweep_report_t){.events_waiting = -1};
     }
     if (cfg == NULL || store == NULL || report == NULL) {
         return lapse_error_set(err, LAPSE_ERR_INVALID, "sweep: NULL argument");
@@ -386,6 +477,9 @@ lapse_status_t lapse_sweep_run(const lapse_config_t *cfg, lapse_store_t *store,
         filter.only_unscheduled = true;
         filter.created_before_ms = now - opts->in_flight_ms;
         republish(s, &filter);
+    }
+    if (opts->events && !opts->dry_run && !s->stopped) {
+        publish_events(s);
     }
     return finish(s, err);
 }

@@ -5,6 +5,8 @@
 
 #include "broker_int.h"
 
+#include <lapse/message.h>
+
 #include <jansson.h>
 #include <stdio.h>
 #include <string.h>
@@ -97,6 +99,17 @@ void lapse__topology_build(const lapse_config_t *cfg, lapse__topology_t *topo) {
                 LAPSE__RK_EXPIRED);
     add_queue(topo, topo->parked_queue, 0, "", "");
     add_binding(topo, topo->parked_exchange, topo->parked_queue, false, "");
+
+    /* Events are published mandatory and wait in the outbox while no queue takes them;
+     * this queue keeps them for whoever reads them later. Bound to order.cancelled, not
+     * "#": its readers expect that one event, and another kind lapse may publish one day
+     * must not pour into their queue unannounced. */
+    if (cfg->events_queue[0]) {
+        snprintf(topo->events_queue, LAPSE__NAME_MAX, "%s", cfg->events_queue);
+        add_queue(topo, topo->events_queue, 0, "", "");
+        add_binding(topo, topo->events_exchange, topo->events_queue, false,
+                    LAPSE_EVENT_CANCELLED);
+    }
 }
 
 /* Quorum queues dead-letter at-least-once only with reject-publish overflow; without it

@@ -34,9 +34,10 @@ typedef struct lapse__binding_def {
 typedef struct lapse__topology {
     lapse__exchange_def_t exchanges[4 + LAPSE__LADDER_RUNGS];
     size_t n_exchanges;
-    lapse__queue_def_t queues[LAPSE__MAX_CLASSES + 2 + LAPSE__LADDER_RUNGS];
+    /* classes, rungs, expired, parked and the optional events queue */
+    lapse__queue_def_t queues[LAPSE__MAX_CLASSES + 3 + LAPSE__LADDER_RUNGS];
     size_t n_queues;
-    lapse__binding_def_t bindings[LAPSE__MAX_CLASSES + 2 + 2 * LAPSE__LADDER_RUNGS];
+    lapse__binding_def_t bindings[LAPSE__MAX_CLASSES + 3 + 2 * LAPSE__LADDER_RUNGS];
     size_t n_bindings;
     /* names the handles use */
     char hold_exchange[LAPSE__NAME_MAX];
@@ -45,6 +46,7 @@ typedef struct lapse__topology {
     char parked_exchange[LAPSE__NAME_MAX];
     char parked_queue[LAPSE__NAME_MAX];
     char events_exchange[LAPSE__NAME_MAX];
+    char events_queue[LAPSE__NAME_MAX]; /* "" when the config names none */
     bool quorum; /* every queue a quorum queue; dead-lettering at-least-once */
     /* rung k's exchange and queue share the name "<prefix>.delay.<kk>" */
     char delay[LAPSE__LADDER_RUNGS][LAPSE__NAME_MAX];

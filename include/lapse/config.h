@@ -43,6 +43,9 @@ LAPSE_API void lapse_config_free(lapse_config_t *cfg);
  *   sweep_in_flight duration or 0: a sweep publishes again only orders recorded longer
  *                ago than this                      (LAPSE_IN_FLIGHT, 30s)
  *   clock_skew   duration with optional '-' sign    (test hook: no variable; 0)
+ *   events_queue queue name, up to 95 bytes of [A-Za-z0-9._:-], not amq.*, or "": a
+ *                durable queue bound to <prefix>.events for order.cancelled, declared
+ *                and exported with the topology (LAPSE_EVENTS_QUEUE, "": none)
  * lapse_config_property_name() lists them.
  * @return LAPSE_OK or LAPSE_ERR_CONFIG_* with err describing the value (the value of
  *         amqp_url and store is never repeated in err: it may hold a password).

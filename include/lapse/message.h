@@ -5,15 +5,20 @@
 
 #include <lapse/lapse.h>
 
-#define LAPSE_ORDER_ID_MAX    128  /* bytes of [A-Za-z0-9._:-] */
-#define LAPSE_MSG_MAX_BODY    4096 /* larger bodies are refused (parked) */
-#define LAPSE_RFC3339_LEN     25   /* "2026-11-30T06:30:00.000Z" plus NUL */
-#define LAPSE_MSG_TYPE        "order.expire"
-#define LAPSE_APP_ID          "lapse"
-#define LAPSE_HDR_DEADLINE    "x-lapse-deadline-ms"
-#define LAPSE_HDR_REASON      "x-lapse-reason"       /* why a message was parked */
-#define LAPSE_HDR_PARKED_AT   "x-lapse-parked-at-ms" /* when (ms since the epoch) */
-#define LAPSE_HDR_ATTEMPTS    "x-lapse-attempts"     /* failed processing attempts */
+#define LAPSE_ORDER_ID_MAX 128  /* bytes of [A-Za-z0-9._:-] */
+#define LAPSE_MSG_MAX_BODY 4096 /* larger bodies are refused (parked) */
+#define LAPSE_RFC3339_LEN  25   /* "2026-11-30T06:30:00.000Z" plus NUL */
+#define LAPSE_MSG_TYPE     "order.expire"
+#define LAPSE_APP_ID       "lapse"
+#define LAPSE_HDR_DEADLINE "x-lapse-deadline-ms"
+#define LAPSE_HDR_DEADLINE_TEXT                                                          \
+    "x-lapse-deadline"                       /* the same, RFC 3339 UTC, for people */
+#define LAPSE_HDR_REASON    "x-lapse-reason" /* why a message was parked */
+#define LAPSE_HDR_PARKED_AT "x-lapse-parked-at-ms" /* when (ms since the epoch) */
+#define LAPSE_HDR_ATTEMPTS  "x-lapse-attempts"     /* failed processing attempts */
+/* Set by lapse on every mandatory publish: the publish's sequence number on its channel,
+ * so that a returned message is matched to its publish. No meaning for readers. */
+#define LAPSE_HDR_PUBLISH_SEQ "x-lapse-publish-seq"
 #define LAPSE_EVENT_CANCELLED "order.cancelled"
 
 /** A decoded expiry message: a plain value, no pointers, nothing to free. */

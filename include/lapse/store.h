@@ -200,6 +200,15 @@ LAPSE_API lapse_status_t lapse_store_pending(lapse_store_t *store,
                                              lapse_order_cb cb, void *opaque,
                                              lapse_error_t *err);
 
+/**
+ * The outbox backlog: how many events are not yet published (confirmed by the broker
+ * and taken by a queue). Read-only.
+ * @param pending receives the count on LAPSE_OK.
+ * @return LAPSE_OK or a store error (LAPSE_ERR_STORE_BUSY is retriable).
+ */
+LAPSE_API lapse_status_t lapse_store_events_count(lapse_store_t *store, int64_t *pending,
+                                                  lapse_error_t *err);
+
 /** Mark outbox events as published (confirmed by the broker), in one transaction. */
 LAPSE_API lapse_status_t lapse_store_events_mark_published(lapse_store_t *store,
                                                            const int64_t *seqs, size_t n,

@@ -17,6 +17,9 @@ typedef struct lapse_sweep_report {
     uint64_t skipped;         /* changed meanwhile (paid, cancelled): left alone */
     uint64_t failed;          /* left as they were by a failure (see the return code) */
     bool more; /* stopped at max_orders (or by progress): there may be more to do */
+    uint64_t events_published; /* outbox events published at the end (opts.events) */
+    int64_t events_waiting;    /* outbox events still unpublished after that; -1 when
+                                  not counted (no events part, or the store failed) */
 } lapse_sweep_report_t;
 
 /** Called after every batch with the counts so far (borrowed for the call); a non-zero
@@ -36,6 +39,9 @@ typedef struct lapse_sweep_opts {
     bool cancel;          /* run the direct-cancel part, store only (true) */
     size_t max_orders;    /* per part and run; 0 (default): no limit. A periodic caller
                              bounds each call with it and calls again while report.more */
+    bool events;          /* at the end, publish the outbox's events, those of the orders
+                             just cancelled and any older ones (true); a consumer, which
+                             publishes the outbox itself, turns it off */
     lapse_sweep_progress_cb progress; /* optional (NULL) */
     void *progress_opaque;
 } lapse_sweep_opts_t;
@@ -46,13 +52,16 @@ LAPSE_API void lapse_sweep_opts_init(lapse_sweep_opts_t *opts);
 /**
  * Sweep once. First (store only, so it runs whatever the broker's state) every pending
  * order whose deadline + grace_ms has passed is cancelled directly, in batches, with
- * lapse_store_cancel_batch (compare-and-set: holds released and one outbox event each,
- * published later by a consumer like any other), each logged as
+ * lapse_store_cancel_batch (compare-and-set: holds released and one outbox event each),
+ * each logged as
  * "event=sweep_cancel order_id=.. deadline_ms=.. lag_ms=..". Then every pending order
  * never confirmed as scheduled and created more than in_flight_ms ago is published again
  * with its recorded deadline (a publisher connection is opened only when there is such an
  * order, so a run with nothing to do costs two short indexed reads). A busy store is
- * retried with backoff.
+ * retried with backoff. Last, with opts->events, the outbox is published (the events
+ * relay: mandatory, confirmed, marked; stopped by progress like the rest) when there is
+ * anything in it; a broker out of reach or no queue bound to the events exchange is one
+ * warning line and leaves them in the outbox, without failing the run.
  *
  * @param cfg    borrowed (broker, prefix, classes, log sink).
  * @param store  borrowed; an already-open handle, used on the calling thread only.

@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: MIT
- * The broker topology: holding queues per class, expired, parked and events. */
+ * The broker topology: holding queues per class, expired, parked and events (with an
+ * optional durable queue bound to them, config property events_queue). */
 #ifndef LAPSE_TOPOLOGY_H
 #define LAPSE_TOPOLOGY_H
 
@@ -21,8 +22,9 @@ LAPSE_API lapse_status_t lapse_topology_declare(const lapse_config_t *cfg,
 LAPSE_API char *lapse_topology_export(const lapse_config_t *cfg);
 
 /** Called per queue of the topology, in declaration order (classes, the ladder's rungs
- *  00..27, expired, parked); queue is borrowed for the call. ttl_ms is the queue's
- *  x-message-ttl (how long a message waits there), 0 for none. */
+ *  00..27, expired, parked, and the events queue when the config names one); queue is
+ * borrowed for the call. ttl_ms is the queue's x-message-ttl (how long a message waits
+ * there), 0 for none. */
 typedef void (*lapse_queue_stat_cb)(void *opaque, const char *queue, int64_t ttl_ms,
                                     int64_t messages, int64_t consumers);
 

@@ -88,7 +88,11 @@ static int order_status(lapse_store_t *store, const char *order_id, int as_json)
 static int overview(cli_t *cli, lapse_store_t *store, int as_json) {
     lapse_error_t err = {0};
     int64_t counts[3];
+    int64_t outbox = 0;
     lapse_status_t rc = lapse_store_count(store, counts, &err);
+    if (rc == LAPSE_OK) {
+        rc = lapse_store_events_count(store, &outbox, &err);
+    }
     if (rc != LAPSE_OK) {
         return cli_fail(rc, &err, "status");
     }
@@ -102,11 +106,12 @@ static int overview(cli_t *cli, lapse_store_t *store, int as_json) {
     }
     if (as_json) {
         json_decref(q.ttl);
-        return print_json(json_pack("{s:o, s:{s:I, s:I, s:I}}", "queues", q.json,
+        return print_json(json_pack("{s:o, s:{s:I, s:I, s:I}, s:{s:I}}", "queues", q.json,
                                     "orders", "pending",
                                     (json_int_t)counts[LAPSE_ORDER_PENDING], "paid",
                                     (json_int_t)counts[LAPSE_ORDER_PAID], "cancelled",
-                                    (json_int_t)counts[LAPSE_ORDER_CANCELLED]));
+                                    (json_int_t)counts[LAPSE_ORDER_CANCELLED], "outbox",
+                                    "pending", (json_int_t)outbox));
     }
     printf("%-40s %14s %10s %10s\n", "queue", "holds for", "messages", "consumers");
     const char *name;
@@ -124,6 +129,10 @@ static int overview(cli_t *cli, lapse_store_t *store, int as_json) {
     printf("\norders: pending=%lld paid=%lld cancelled=%lld\n",
            (long long)counts[LAPSE_ORDER_PENDING], (long long)counts[LAPSE_ORDER_PAID],
            (long long)counts[LAPSE_ORDER_CANCELLED]);
+    /* Events wait here while no queue is bound to the events exchange, or while the
+     * broker is out of reach. */
+    printf("outbox: pending=%lld (order.cancelled events not yet taken by a queue)\n",
+           (long long)outbox);
     json_decref(q.json);
     json_decref(q.ttl);
     return CLI_EXIT_OK;

@@ -39,11 +39,13 @@ int cmd_sweep(cli_t *cli, int argc, char **argv) {
     char grace[LAPSE_DURATION_DISPLAY_LEN];
     lapse_duration_display(so.grace_ms, grace, sizeof grace);
     printf("sweep republished=%llu cancelled=%llu would_republish=%llu would_cancel=%llu "
-           "skipped=%llu failed=%llu dry_run=%s\n",
+           "skipped=%llu failed=%llu dry_run=%s events_published=%llu "
+           "events_waiting=%lld\n",
            (unsigned long long)r.republished, (unsigned long long)r.cancelled,
            (unsigned long long)r.would_republish, (unsigned long long)r.would_cancel,
            (unsigned long long)r.skipped, (unsigned long long)r.failed,
-           so.dry_run ? "yes" : "no");
+           so.dry_run ? "yes" : "no", (unsigned long long)r.events_published,
+           (long long)r.events_waiting);
     if (so.dry_run) {
         printf("Dry run, nothing changed: %llu lost order(s) would be cancelled (pending "
                "%s past their deadline), %llu unconfirmed order(s) published again.\n",
@@ -54,6 +56,10 @@ int cmd_sweep(cli_t *cli, int argc, char **argv) {
                "unconfirmed order(s) published again, %llu left to a later sweep.\n",
                (unsigned long long)r.cancelled, grace, (unsigned long long)r.republished,
                (unsigned long long)r.failed);
+        if (r.events_published > 0 || r.events_waiting > 0) {
+            printf("%llu event(s) published, %lld still waiting in the outbox.\n",
+                   (unsigned long long)r.events_published, (long long)r.events_waiting);
+        }
     }
     if (rc != LAPSE_OK) {
         cli_fail(rc, &err, "sweep");

@@ -60,6 +60,14 @@ const cli_option_t cli_options[] = {
      .example = "quorum",
      .commands = CLI_GLOBAL,
      .help = "classic, or quorum: replicated queues with at-least-once dead-lettering"},
+    {.name = "events-queue",
+     .metavar = "QUEUE",
+     .property = "events_queue",
+     .example = "shop.cancellations",
+     .commands = CLI_GLOBAL,
+     .help = "a durable queue bound to the events exchange that keeps the order.cancelled "
+             "events, declared and exported with the topology (default: none; see "
+             "definitions/events-queue.json)"},
     {.name = "heartbeat",
      .metavar = "SECONDS",
      .property = "heartbeat",
@@ -219,7 +227,8 @@ const cli_command_t cli_commands[] = {
     {CLI_CMD_STATUS, "status", NULL, "[ORDER_ID]",
      "queues and order counts, or one order",
      "Without ORDER_ID: messages and consumers per queue (each class, each rung of the "
-     "delay ladder with how long it holds a message) and orders per status. With "
+     "delay ladder with how long it holds a message), orders per status, and the "
+     "outbox: order.cancelled events not yet published. With "
      "ORDER_ID: the order's status, times and holds (exit 4 if unknown). Never creates "
      "a store."},
     {CLI_CMD_PENDING, "pending", NULL, "", "pending orders by deadline, from the store",
@@ -232,6 +241,10 @@ const cli_command_t cli_commands[] = {
      "Once: cancel directly, from the store, every order still pending --grace after "
      "its deadline (its expiry message was lost: a purged queue, a broker that lost its "
      "disk), then publish again every order whose message the broker never confirmed. "
+     "Last, it publishes the order.cancelled events waiting in the outbox (those of the "
+     "orders it cancelled, and any older ones); when the broker is out of reach or no "
+     "queue is bound to the events exchange, a warning says so and they stay in the "
+     "outbox for a consumer or the next sweep, without failing the run. "
      "Prints one key=value line and a sentence. Exits 0, or 1 when a part failed (the "
      "other part still ran; cancelling needs no broker). --dry-run connects to no "
      "broker and never creates a store."},

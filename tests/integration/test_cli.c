@@ -306,12 +306,19 @@ static json_int_t jint(json_t *o, const char *key) {
     return json_integer_value(v);
 }
 
-/* {"queues":{name:{"messages":N,"consumers":N}},"orders":{"pending":N,...}} with exactly
- * the topology's queues and the given order counts. */
+/* {"queues":{name:{"messages":N,"consumers":N}},"orders":{"pending":N,...},
+ * "outbox":{"pending":N}} with exactly the topology's queues and the given order counts.
+ */
 static json_t *overview_json(h_ctx_t *h, json_int_t pending, json_int_t paid,
                              json_int_t cancelled) {
     json_t *st = run_json(h, 0, "--json", NULL);
-    assert_int_equal(json_object_size(st), 2);
+    assert_int_equal(json_object_size(st), 3);
+    /* The outbox backlog: events not yet published. */
+    json_t *outbox = json_object_get(st, "outbox");
+    assert_int_equal(json_object_size(outbox), 1);
+    assert_int_equal(
+        jint(outbox, "pending"),
+        h_sql_int(h, "SELECT count(*) FROM events WHERE published_at_ms IS NULL"));
     json_t *queues = json_object_get(st, "queues");
     json_t *orders = json_object_get(st, "orders");
     assert_true(json_is_object(queues));

@@ -82,6 +82,7 @@ static void unset_lapse_env(void) {
     unsetenv("LAPSE_PREFIX");
     unsetenv("LAPSE_CLASSES");
     unsetenv("LAPSE_QUEUE_TYPE");
+    unsetenv("LAPSE_EVENTS_QUEUE");
 }
 
 static void test_export_equals_definitions_file(void **state) {
@@ -205,6 +206,126 @@ static void test_export_equals_definitions_file(void **state) {
     h_teardown(&h);
 }
 
+/* The items of full's array key that base's lacks (json_equal), as a new array. */
+static json_t *added_items(json_t *full, json_t *base, const char *key) {
+    json_t *added = json_array();
+    size_t i, j;
+    json_t *item, *other;
+    json_array_foreach(json_object_get(full, key), i, item) {
+        bool known = false;
+        json_array_foreach(json_object_get(base, key), j, other) {
+            known = known || json_equal(item, other);
+        }
+        if (!known) {
+            json_array_append(added, item);
+        }
+    }
+    return added;
+}
+
+/* What `topology export` adds with --events-queue (and extra flags), compared against
+ * base (the export without it): {"queues":[..],"bindings":[..]}; no exchange is added. */
+static json_t *export_addition(h_ctx_t *h, json_t *base, const char *f1, const char *v1) {
+    char *out = malloc(OUT_CAP);
+    assert_non_null(out);
+    int code = f1 ? h_run(h, out, OUT_CAP, f1, v1, "--events-queue",
+                          "lapse.events.cancelled", "topology", "export", NULL)
+                  : h_run(h, out, OUT_CAP, "--events-queue", "lapse.events.cancelled",
+                          "topology", "export", NULL);
+    assert_int_equal(code, 0);
+    json_t *full = json_loads(out, 0, NULL);
+    free(out);
+    assert_non_null(full);
+    assert_true(json_equal(json_object_get(full, "exchanges"),
+                           json_object_get(base, "exchanges")));
+    json_t *added = json_pack("{s:o, s:o}", "queues", added_items(full, base, "queues"),
+                              "bindings", added_items(full, base, "bindings"));
+    json_decref(full);
+    return added;
+}
+
+static json_t *export_json(h_ctx_t *h, const char *f1, const char *v1) {
+    char *out = malloc(OUT_CAP);
+    assert_non_null(out);
+    int code = f1 ? h_run(h, out, OUT_CAP, f1, v1, "topology", "export", NULL)
+                  : h_run(h, out, OUT_CAP, "topology", "export", NULL);
+    assert_int_equal(code, 0);
+    json_t *root = json_loads(out, 0, NULL);
+    free(out);
+    assert_non_null(root);
+    return root;
+}
+
+/* definitions/events-queue.json is exactly what --events-queue adds to the export: one
+ * durable queue and its binding to lapse.events for order.cancelled. */
+static void test_events_queue_file_equals_export_addition(void **state) {
+    (void)state;
+    const char *src = getenv("LAPSE_SOURCE_DIR");
+    assert_non_null(src);
+    h_ctx_t h;
+    h_setup(&h, "defs-events", "30m", false);
+    unset_lapse_env();
+    unsetenv("LAPSE_EVENTS_QUEUE");
+
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/definitions/events-queue.json", src);
+    char *text = read_file(path);
+    assert_non_null(text);
+    json_error_t jerr;
+    json_t *file = json_loads(text, 0, &jerr);
+    if (!file) {
+        fail_msg("%s: line %d: %s", path, jerr.line, jerr.text);
+    }
+    free(text);
+    assert_int_equal(json_object_size(file), 2);
+
+    json_t *base = export_json(&h, NULL, NULL);
+    json_t *added = export_addition(&h, base, NULL, NULL);
+    char *shown = json_dumps(added, JSON_INDENT(2));
+    printf("export adds: %s\n", shown);
+    free(shown);
+    assert_true(json_equal(added, file));
+    json_t *queues = json_object_get(added, "queues");
+    json_t *bindings = json_object_get(added, "bindings");
+    assert_int_equal(json_array_size(queues), 1);
+    assert_int_equal(json_array_size(bindings), 1);
+    json_t *q = json_array_get(queues, 0);
+    assert_string_equal(json_string_value(json_object_get(q, "name")),
+                        "lapse.events.cancelled");
+    assert_true(json_is_true(json_object_get(q, "durable")));
+    assert_int_equal(json_object_size(json_object_get(q, "arguments")), 0);
+    assert_binding(bindings, "lapse.events", "lapse.events.cancelled", "order.cancelled");
+    json_decref(added);
+    json_decref(base);
+
+    /* The queue type follows the topology's: a quorum topology gets a quorum queue, and
+     * no dead-lettering arguments (it dead-letters nothing). */
+    base = export_json(&h, "--queue-type", "quorum");
+    added = export_addition(&h, base, "--queue-type", "quorum");
+    q = json_array_get(json_object_get(added, "queues"), 0);
+    assert_non_null(q);
+    assert_string_equal(arg_str(q, "x-queue-type"), "quorum");
+    assert_int_equal(json_object_size(json_object_get(q, "arguments")), 1);
+    assert_false(json_equal(added, file));
+    json_decref(added);
+    json_decref(base);
+
+    /* The environment variable does the same as the flag. */
+    setenv("LAPSE_EVENTS_QUEUE", "lapse.events.cancelled", 1);
+    base = export_json(&h, NULL, NULL);
+    unsetenv("LAPSE_EVENTS_QUEUE");
+    json_t *plain = export_json(&h, NULL, NULL);
+    json_t *via_env =
+        json_pack("{s:o, s:o}", "queues", added_items(base, plain, "queues"), "bindings",
+                  added_items(base, plain, "bindings"));
+    assert_true(json_equal(via_env, file));
+    json_decref(via_env);
+    json_decref(plain);
+    json_decref(base);
+    json_decref(file);
+    h_teardown(&h);
+}
+
 /* Cleanup that must also happen when an assertion fails mid-test. */
 static struct {
     char vhost[96];
@@ -277,9 +398,20 @@ static void test_import_into_fresh_vhost(void **state) {
     json_t *x = get_json(h, path);
     assert_string_equal(arg_str(x, "alternate-exchange"), "lapse.parked");
     json_decref(x);
+    /* The events queue's partial file imports after it. */
+    snprintf(file, sizeof file, "%s/definitions/events-queue.json", src);
+    snprintf(path, sizeof path, "/api/definitions/%s", imp.vhost);
+    code = h_http(h, "POST", path, file, NULL);
+    assert_true(code == 201 || code == 204);
+    snprintf(path, sizeof path, "/api/queues/%s/lapse.events.cancelled", imp.vhost);
+    q = get_json(h, path);
+    assert_true(json_is_true(json_object_get(q, "durable")));
+    json_decref(q);
     /* Nothing of it went to the file's own vhost "/" (nothing else on this private node
      * uses the default prefix). */
     assert_int_equal(h_http(h, "GET", "/api/queues/%2f/lapse.hold.30m", NULL, NULL), 404);
+    assert_int_equal(
+        h_http(h, "GET", "/api/queues/%2f/lapse.events.cancelled", NULL, NULL), 404);
 
     /* 2. A short class, exported and imported the same way: no `topology declare`. */
     char *defs = malloc(OUT_CAP);
@@ -335,6 +467,12 @@ static void test_import_into_fresh_vhost(void **state) {
                                   "released_at_ms IS NOT NULL"),
                      1);
     assert_int_equal(h_sql_int(h, "SELECT count(*) FROM events"), 1);
+    /* Its event went to the imported events queue, and so left the outbox. */
+    assert_int_equal(
+        h_sql_int(h, "SELECT count(*) FROM events WHERE published_at_ms IS NULL"), 0);
+    amqp_connection_state_t vconn = h_amqp_open(h);
+    assert_int_equal(h_queue_depth(vconn, "lapse.events.cancelled"), 1);
+    h_amqp_close(vconn);
 
     /* The messages went the broker's way: all queues of the vhost are empty again. */
     char out[4096];
@@ -365,6 +503,7 @@ static void test_import_into_fresh_vhost(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_export_equals_definitions_file),
+        cmocka_unit_test(test_events_queue_file_equals_export_addition),
         cmocka_unit_test_teardown(test_import_into_fresh_vhost, import_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -7,6 +7,7 @@
 #include <amqp_tcp_socket.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <jansson.h>
 #include <pthread.h>
 #include <signal.h>
 #include <spawn.h>
@@ -71,6 +72,80 @@ void h_setup(h_ctx_t *h, const char *name, const char *classes, bool declare) {
     }
 }
 
+/* The vhost of h->amqp ("/" for %2f), into buf. */
+static void url_vhost(const h_ctx_t *h, char *buf, size_t cap) {
+    char url[512];
+    snprintf(url, sizeof url, "%s", h->amqp);
+    struct amqp_connection_info info;
+    buf[0] = '\0';
+    if (amqp_parse_url(url, &info) == AMQP_STATUS_OK) {
+        snprintf(buf, cap, "%s", info.vhost);
+    }
+    if (strcmp(buf, "%2f") == 0 || strcmp(buf, "%2F") == 0) {
+        snprintf(buf, cap, "/");
+    }
+}
+
+/* A connection to h->amqp on channel 1, or NULL. */
+static amqp_connection_state_t try_open(h_ctx_t *h) {
+    char url[512], vhost[256];
+    snprintf(url, sizeof url, "%s", h->amqp);
+    url_vhost(h, vhost, sizeof vhost);
+    struct amqp_connection_info info;
+    if (amqp_parse_url(url, &info) != AMQP_STATUS_OK) {
+        return NULL;
+    }
+    amqp_connection_state_t conn = amqp_new_connection();
+    amqp_socket_t *socket = amqp_tcp_socket_new(conn);
+    if (!socket || amqp_socket_open(socket, info.host, info.port) != AMQP_STATUS_OK ||
+        amqp_login(conn, vhost, 0, 131072, 0, AMQP_SASL_METHOD_PLAIN, info.user,
+                   info.password)
+                .reply_type != AMQP_RESPONSE_NORMAL) {
+        amqp_destroy_connection(conn);
+        return NULL;
+    }
+    amqp_channel_open(conn, 1);
+    if (amqp_get_rpc_reply(conn).reply_type != AMQP_RESPONSE_NORMAL) {
+        amqp_destroy_connection(conn);
+        return NULL;
+    }
+    return conn;
+}
+
+/* Best effort: delete the queues named <prefix>.* in the test's vhost. Over a whole run
+ * the node would otherwise keep a thousand queues, and the fault tests restart it: a
+ * restart recovers every queue, slowly once they outnumber the node's file handles. */
+static void delete_queues(h_ctx_t *h) {
+    if (!getenv("LAPSE_TEST_MGMT_URL") || h->prefix[0] == '\0') {
+        return;
+    }
+    char vhost[256], path[512];
+    url_vhost(h, vhost, sizeof vhost);
+    snprintf(path, sizeof path, "/api/queues/%s?columns=name",
+             strcmp(vhost, "/") == 0 ? "%2f" : vhost);
+    if (h_http(h, "GET", path, NULL, NULL) != 200) {
+        return;
+    }
+    json_t *list = json_load_file(h_path(h, "http.out"), 0, NULL);
+    amqp_connection_state_t conn = list ? try_open(h) : NULL;
+    size_t len = strlen(h->prefix);
+    size_t i;
+    json_t *q;
+    json_array_foreach(conn ? list : NULL, i, q) {
+        const char *name = json_string_value(json_object_get(q, "name"));
+        if (name && strncmp(name, h->prefix, len) == 0 && name[len] == '.') {
+            amqp_queue_delete(conn, 1, amqp_cstring_bytes(name), 0, 0);
+            if (amqp_get_rpc_reply(conn).reply_type != AMQP_RESPONSE_NORMAL) {
+                break; /* the channel is gone; the rest stays */
+            }
+        }
+    }
+    if (conn) {
+        h_amqp_close(conn);
+    }
+    json_decref(list);
+}
+
 void h_teardown(h_ctx_t *h) {
     if (h->db) {
         sqlite3_close(h->db);
@@ -79,6 +154,7 @@ void h_teardown(h_ctx_t *h) {
     if (getenv("LAPSE_TEST_KEEP")) {
         return;
     }
+    delete_queues(h);
     char cmd[PATH_MAX + 32];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", h->dir);
     if (system(cmd) != 0) {
@@ -414,6 +490,38 @@ static void header_str(const amqp_basic_properties_t *p, const char *key, char *
     }
 }
 
+static int64_t header_i64(const amqp_basic_properties_t *p, const char *key) {
+    if (!(p->_flags & AMQP_BASIC_HEADERS_FLAG)) {
+        return -1;
+    }
+    for (int i = 0; i < p->headers.num_entries; i++) {
+        amqp_table_entry_t *e = &p->headers.entries[i];
+        if (e->key.len == strlen(key) && memcmp(e->key.bytes, key, e->key.len) == 0) {
+            switch (e->value.kind) {
+                case AMQP_FIELD_KIND_I64:
+                    return e->value.value.i64;
+                case AMQP_FIELD_KIND_U64:
+                    return (int64_t)e->value.value.u64;
+                case AMQP_FIELD_KIND_I32:
+                    return e->value.value.i32;
+                case AMQP_FIELD_KIND_U32:
+                    return e->value.value.u32;
+                default:
+                    return -1;
+            }
+        }
+    }
+    return -1;
+}
+
+static void bytes_str(amqp_bytes_t b, char *buf, size_t cap) {
+    size_t n = b.len < cap - 1 ? b.len : cap - 1;
+    if (n > 0) {
+        memcpy(buf, b.bytes, n);
+    }
+    buf[n] = '\0';
+}
+
 size_t h_drain(amqp_connection_state_t conn, const char *queue, int idle_ms, h_msg_cb cb,
                void *opaque) {
     size_t n = 0;
@@ -445,6 +553,21 @@ size_t h_drain(amqp_connection_state_t conn, const char *queue, int idle_ms, h_m
             m.message_id[l] = '\0';
         }
         header_str(&msg.properties, "x-lapse-reason", m.reason, sizeof m.reason);
+        header_str(&msg.properties, "x-lapse-deadline", m.deadline, sizeof m.deadline);
+        m.deadline_ms = header_i64(&msg.properties, "x-lapse-deadline-ms");
+        const amqp_basic_properties_t *p = &msg.properties;
+        if (p->_flags & AMQP_BASIC_TYPE_FLAG) {
+            bytes_str(p->type, m.type, sizeof m.type);
+        }
+        if (p->_flags & AMQP_BASIC_APP_ID_FLAG) {
+            bytes_str(p->app_id, m.app_id, sizeof m.app_id);
+        }
+        if (p->_flags & AMQP_BASIC_CONTENT_TYPE_FLAG) {
+            bytes_str(p->content_type, m.content_type, sizeof m.content_type);
+        }
+        if (p->_flags & AMQP_BASIC_DELIVERY_MODE_FLAG) {
+            m.delivery_mode = p->delivery_mode;
+        }
         if (cb) {
             cb(opaque, &m);
         }

@@ -29,7 +29,13 @@ typedef struct h_msg {
     char *body;
     size_t len;
     char message_id[256];
-    char reason[256]; /* header x-lapse-reason, "" when absent */
+    char reason[256];    /* header x-lapse-reason, "" when absent */
+    char deadline[64];   /* header x-lapse-deadline, "" when absent */
+    int64_t deadline_ms; /* header x-lapse-deadline-ms, -1 when absent */
+    char type[64];       /* properties, "" when absent */
+    char app_id[64];
+    char content_type[64];
+    int delivery_mode; /* 0 when absent */
     bool redelivered;
 } h_msg_t;
 
@@ -41,7 +47,8 @@ int h_ms(int ms);
 /* Fresh temp dir and prefix "t-<name>-<pid>"; declares the topology unless declare is
  * false. Aborts the test run with a message when the environment is not there. */
 void h_setup(h_ctx_t *h, const char *name, const char *classes, bool declare);
-/* Close the database, delete the topology's queues (best effort) and the temp dir. */
+/* Close the database, delete the test's queues (<prefix>.*, best effort) and the temp
+ * dir. */
 void h_teardown(h_ctx_t *h);
 
 /* Run `lapse <global flags> args... (NULL-terminated)`, stdout into out (may be NULL),

@@ -20,7 +20,7 @@
 static const char *const env_vars[] = {
     "LAPSE_AMQP_URL",    "LAPSE_STORE",     "LAPSE_PREFIX",   "LAPSE_CLASSES",
     "LAPSE_QUEUE_TYPE",  "LAPSE_HEARTBEAT", "LAPSE_PREFETCH", "LAPSE_MAX_ATTEMPTS",
-    "LAPSE_SWEEP_EVERY", "LAPSE_GRACE",     "LAPSE_IN_FLIGHT"};
+    "LAPSE_SWEEP_EVERY", "LAPSE_GRACE",     "LAPSE_IN_FLIGHT", "LAPSE_EVENTS_QUEUE"};
 
 static int setup(void **state) {
     for (size_t i = 0; i < ARRAY_LEN(env_vars); i++) {
@@ -68,6 +68,7 @@ static void test_defaults_follow_design(void **state) {
     assert_string_equal(lapse_config_get(cfg, "sweep_grace"), "1m");
     assert_string_equal(lapse_config_get(cfg, "sweep_in_flight"), "30s");
     assert_int_equal(cfg->sweep_in_flight_ms, 30000);
+    assert_string_equal(lapse_config_get(cfg, "events_queue"), "");
     assert_int_equal(lapse_config_set(cfg, "queue_type", "quorum", NULL), LAPSE_OK);
     assert_true(cfg->quorum);
     assert_string_equal(lapse_config_get(cfg, "queue_type"), "quorum");
@@ -121,6 +122,7 @@ static void assert_same_config(const lapse_config_t *a, const lapse_config_t *b)
     assert_int_equal(a->n_classes, b->n_classes);
     assert_memory_equal(a->classes, b->classes, a->n_classes * sizeof a->classes[0]);
     assert_string_equal(a->classes_text, b->classes_text);
+    assert_string_equal(a->events_queue, b->events_queue);
     assert_int_equal(a->prefetch, b->prefetch);
     assert_int_equal(a->heartbeat, b->heartbeat);
     assert_int_equal(a->quorum, b->quorum);
@@ -199,6 +201,15 @@ static const struct {
     {"sweep_grace", "-5s", LAPSE_ERR_CONFIG_DURATION},
     {"sweep_in_flight", "", LAPSE_ERR_CONFIG_DURATION},
     {"sweep_in_flight", "30", LAPSE_ERR_CONFIG_DURATION},
+    {"events_queue", "amq.events", LAPSE_ERR_CONFIG_VALUE},
+    {"events_queue", "my events", LAPSE_ERR_CONFIG_VALUE},
+    {"events_queue", "events/cancelled", LAPSE_ERR_CONFIG_VALUE},
+    {"events_queue", "caf\xc3\xa9", LAPSE_ERR_CONFIG_VALUE},
+    {"events_queue",
+     "0123456789012345678901234567890123456789012345678901234567890123456789012345678901"
+     "23456789012345",
+     LAPSE_ERR_CONFIG_VALUE},
+    {"events-queue", "x", LAPSE_ERR_CONFIG_UNKNOWN},
     {"queue-type", "quorum", LAPSE_ERR_CONFIG_UNKNOWN},
     {"", "x", LAPSE_ERR_CONFIG_UNKNOWN},
     {"PREFIX", "x", LAPSE_ERR_CONFIG_UNKNOWN},
@@ -269,6 +280,14 @@ static void test_store_prefix_and_numbers(void **state) {
         {"prefetch", "0100", "100"},
         {"heartbeat", "0", NULL},
         {"heartbeat", "3600", NULL},
+        {"events_queue", "lapse.events.cancelled", NULL},
+        {"events_queue", "billing:order-events_v2", NULL},
+        {"events_queue",
+         "0123456789012345678901234567890123456789012345678901234567890123456789012345678"
+         "90"
+         "12345678901234",
+         NULL},
+        {"events_queue", "", NULL},
     };
     for (size_t i = 0; i < ARRAY_LEN(good); i++) {
         lapse_error_t err;
@@ -362,7 +381,9 @@ static void test_env_overrides_defaults(void **state) {
     setenv("LAPSE_STORE", "sqlite:/tmp/x.db", 1);
     setenv("LAPSE_PREFIX", "shop", 1);
     setenv("LAPSE_CLASSES", "45m,15m", 1);
+    setenv("LAPSE_EVENTS_QUEUE", "shop.events.cancelled", 1);
     assert_int_equal(lapse_config_from_env(cfg, &err), LAPSE_OK);
+    assert_string_equal(lapse_config_get(cfg, "events_queue"), "shop.events.cancelled");
     assert_string_equal(cfg->host, "broker");
     assert_int_equal(cfg->port, 5673);
     assert_string_equal(cfg->vhost, "shop");

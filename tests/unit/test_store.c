@@ -611,7 +611,14 @@ static void test_events_pending_and_mark_published(void **state) {
     fixture_t *f = *state;
     int64_t seqs[3];
     lapse_error_t err;
+    int64_t backlog = -1;
+    assert_int_equal(lapse_store_events_count(f->store, &backlog, &err), LAPSE_OK);
+    assert_int_equal(backlog, 0);
     cancel_three(f, seqs);
+    assert_int_equal(lapse_store_events_count(f->store, &backlog, &err), LAPSE_OK);
+    assert_int_equal(backlog, 3);
+    assert_int_equal(lapse_store_events_count(NULL, &backlog, &err), LAPSE_ERR_INVALID);
+    assert_int_equal(lapse_store_events_count(f->store, NULL, &err), LAPSE_ERR_INVALID);
 
     seen_t all = {0};
     assert_int_equal(
@@ -640,6 +647,9 @@ static void test_events_pending_and_mark_published(void **state) {
     assert_int_equal(query_int(f, "SELECT count(*) FROM events"
                                   " WHERE published_at_ms = 1800001800001"),
                      2);
+    /* The backlog counts only what is still unpublished. */
+    assert_int_equal(lapse_store_events_count(f->store, &backlog, &err), LAPSE_OK);
+    assert_int_equal(backlog, 1);
 
     seen_t rest = {0};
     assert_int_equal(

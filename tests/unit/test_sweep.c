@@ -134,6 +134,7 @@ static lapse_order_status_t status_of(fixture_t *f, const char *order_id) {
 static lapse_status_t sweep_store_only(fixture_t *f, lapse_sweep_opts_t *opts,
                                        lapse_sweep_report_t *report, lapse_error_t *err) {
     opts->republish = false;
+    opts->events = false;
     return lapse_sweep_run(f->cfg, f->store, opts, report, err);
 }
 
@@ -156,6 +157,7 @@ static void test_opts_defaults(void **state) {
     assert_true(opts.republish);
     assert_true(opts.cancel);
     assert_int_equal(opts.max_orders, 0);
+    assert_true(opts.events);
     assert_null(opts.progress);
     lapse_sweep_opts_init(NULL);
 }
@@ -354,6 +356,11 @@ static void test_sweep_progress_may_stop_it(void **state) {
                      (int64_t)report.cancelled);
 }
 
+static int first_seq(void *opaque, const lapse_event_t *event) {
+    *(int64_t *)opaque = event->seq;
+    return 1;
+}
+
 /* The broker is out of reach: re-publishing fails with a clear error, but the store-side
  * cancellation still ran, and the unscheduled order is left for the next sweep. */
 static void test_sweep_without_broker_still_cancels(void **state) {
@@ -377,13 +384,36 @@ static void test_sweep_without_broker_still_cancels(void **state) {
     assert_int_equal(o.status, LAPSE_ORDER_PENDING);
     assert_false(o.scheduled);
     lapse_order_clear(&o);
+    /* The cancellation's event could not be published either: one warning line says so,
+     * the event stays in the outbox, and the run's status is the republish part's. */
+    assert_int_equal(report.events_published, 0);
+    assert_int_equal(report.events_waiting, 1);
+    assert_int_equal(count_lines(f->log, "event=sweep_events_left reason=broker"), 1);
+    assert_int_equal(count_lines(f->log, "_events_left"), 1);
+    assert_int_equal(
+        query_int(f, "SELECT count(*) FROM events WHERE published_at_ms IS NULL"), 1);
 
-    /* Nothing unscheduled and nothing lost: no connection is even tried. */
+    /* Nothing unscheduled and nothing lost: the run succeeds, and only the event left in
+     * the outbox makes it try the broker (and say so again). */
     assert_int_equal(lapse_store_mark_scheduled(
                          f->store, (const char *const[]){"unscheduled"}, 1, &err),
                      LAPSE_OK);
     assert_int_equal(lapse_sweep_run(f->cfg, f->store, &opts, &report, &err), LAPSE_OK);
     assert_int_equal(report.failed, 0);
+    assert_int_equal(report.events_waiting, 1);
+    assert_int_equal(count_lines(f->log, "event=sweep_events_left reason=broker"), 2);
+
+    /* With the outbox empty there is nothing to publish: no connection is even tried. */
+    int64_t seq = 0;
+    assert_int_equal(
+        lapse_store_events_pending(f->store, 10, NULL, 0, first_seq, &seq, &err),
+        LAPSE_OK);
+    assert_true(seq > 0);
+    assert_int_equal(lapse_store_events_mark_published(f->store, &seq, 1, f->now, &err),
+                     LAPSE_OK);
+    assert_int_equal(lapse_sweep_run(f->cfg, f->store, &opts, &report, &err), LAPSE_OK);
+    assert_int_equal(report.events_waiting, 0);
+    assert_int_equal(count_lines(f->log, "_events_left"), 2);
 }
 
 /* Another process holds the write lock for longer than the store's busy timeout: the

@@ -1,0 +1,186 @@
+/* SPDX-License-Identifier: MIT
+ * The events relay: outbox -> <prefix>.events (mandatory, confirmed) -> marked published.
+ */
+#include "events_int.h"
+
+#include <lapse/message.h>
+
+#include <stdlib.h>
+#include <string.h>
+
+/* The outcome of a publish the broker has not settled yet. */
+#define UNSETTLED LAPSE_ERR_BROKER_TIMEOUT
+/* The longest a round of a drain waits for its confirms. */
+#define ROUND_CONFIRM_MS 30000
+
+typedef struct relay {
+    lapse__broker_t *broker;
+    const char *exchange;
+    /* The round's publishes have consecutive tags from first_tag: the relay is the only
+     * publisher on the connection while it runs (one thread per connection). */
+    uint64_t first_tag;
+    size_t n, cap;
+    int64_t *seqs;           /* outbox row of publish i */
+    lapse_status_t *outcome; /* its settlement, UNSETTLED until the broker says */
+    lapse__settle_cb prev_cb;
+    void *prev_opaque;
+    lapse_status_t publish_rc;
+    lapse_error_t publish_err;
+} relay_t;
+
+static void on_settle(void *opaque, uint64_t tag, lapse_status_t outcome) {
+    relay_t *r = opaque;
+    if (r->n > 0 && tag >= r->first_tag && tag - r->first_tag < r->n) {
+        r->outcome[tag - r->first_tag] = outcome;
+    } else if (r->prev_cb) {
+        /* Not one of ours: a publish made before the round, settled late. */
+        r->prev_cb(r->prev_opaque, tag, outcome);
+    }
+}
+
+static int publish_one(void *opaque, const lapse_event_t *ev) {
+    relay_t *r = opaque;
+    if (r->n == r->cap) {
+        return 1; /* cannot happen: the store reads at most cap rows */
+    }
+    amqp_basic_properties_t props;
+    memset(&props, 0, sizeof props);
+    props._flags = AMQP_BASIC_CONTENT_TYPE_FLAG | AMQP_BASIC_DELIVERY_MODE_FLAG |
+                   AMQP_BASIC_MESSAGE_ID_FLAG | AMQP_BASIC_TIMESTAMP_FLAG |
+                   AMQP_BASIC_APP_ID_FLAG | AMQP_BASIC_TYPE_FLAG;
+    props.content_type = amqp_cstring_bytes("application/json");
+    props.delivery_mode = AMQP_DELIVERY_PERSISTENT;
+    /* The same id on every try, so downstream deduplicates a row published again after
+     * a crash between the confirm and the marking. */
+    props.message_id = amqp_cstring_bytes(ev->event_id);
+    props.timestamp = (uint64_t)(lapse_clock_now_ms() / 1000);
+    props.app_id = amqp_cstring_bytes(LAPSE_APP_ID);
+    props.type = amqp_cstring_bytes(LAPSE_EVENT_CANCELLED);
+    /* Mandatory: with no queue bound, the broker returns the event instead of
+     * confirming it into nowhere, and the row stays in the outbox. */
+    uint64_t tag = 0;
+    lapse_status_t rc =
+        lapse__broker_publish(r->broker, r->exchange, LAPSE_EVENT_CANCELLED, true, &props,
+                              ev->body, strlen(ev->body), &tag, &r->publish_err);
+    if (rc != LAPSE_OK) {
+        r->publish_rc = rc;
+        return 1;
+    }
+    if (r->n == 0) {
+        r->first_tag = tag;
+    }
+    r->seqs[r->n] = ev->seq;
+    r->outcome[r->n] = UNSETTLED;
+    r->n++;
+    return 0;
+}
+
+void lapse__relay_report_add(lapse__relay_report_t *a, const lapse__relay_report_t *b) {
+    a->read += b->read;
+    a->published += b->published;
+    a->returned += b->returned;
+    a->failed += b->failed;
+}
+
+lapse_status_t lapse__events_relay(lapse__broker_t *broker, lapse_store_t *store,
+                                   const char *exchange, const int64_t *only,
+                                   size_t n_only, size_t limit, int64_t timeout_ms,
+                                   lapse__relay_report_t *report, lapse_error_t *err) {
+    *report = (lapse__relay_report_t){0};
+    if (!broker->open || !broker->confirms) {
+        return lapse_error_set(err, LAPSE_ERR_BROKER_CLOSED,
+                               "events: no confirm-mode connection");
+    }
+    size_t cap = only && n_only < limit ? n_only : limit;
+    if (cap == 0) {
+        return LAPSE_OK;
+    }
+    relay_t r = {.broker = broker, .exchange = exchange, .cap = cap};
+    r.seqs = malloc(cap * sizeof *r.seqs);
+    r.outcome = malloc(cap * sizeof *r.outcome);
+    if (!r.seqs || !r.outcome) {
+        free(r.seqs);
+        free(r.outcome);
+        return lapse_error_set(err, LAPSE_ERR_NOMEM, "events round");
+    }
+    r.prev_cb = on_settle;
+    r.prev_opaque = &r;
+    lapse__broker_swap_settle(broker, &r.prev_cb, &r.prev_opaque);
+
+    lapse_status_t rc =
+        lapse_store_events_pending(store, cap, only, n_only, publish_one, &r, err);
+    if (rc == LAPSE_OK && r.publish_rc != LAPSE_OK) {
+        rc = r.publish_rc;
+        if (err) {
+            *err = r.publish_err;
+        }
+    }
+    if (rc == LAPSE_OK && r.n > 0) {
+        rc = lapse__broker_wait_settled(broker, r.first_tag + r.n - 1, timeout_ms, err);
+    }
+    lapse__broker_swap_settle(broker, &r.prev_cb, &r.prev_opaque);
+
+    /* Mark what the broker took, also after a failure: each row marked now is one
+     * duplicate fewer downstream. The confirmed rows are compacted into seqs. */
+    size_t n_ok = 0;
+    for (size_t i = 0; i < r.n; i++) {
+        if (r.outcome[i] == LAPSE_OK) {
+            r.seqs[n_ok++] = r.seqs[i];
+        } else if (r.outcome[i] == LAPSE_ERR_BROKER_RETURNED) {
+            report->returned++;
+        } else {
+            report->failed++;
+        }
+    }
+    report->read = r.n;
+    if (n_ok > 0) {
+        lapse_error_t mark_err = {0};
+        lapse_status_t mrc = lapse_store_events_mark_published(
+            store, r.seqs, n_ok, lapse_clock_now_ms(), &mark_err);
+        if (mrc == LAPSE_OK) {
+            report->published = n_ok;
+        } else {
+            /* Published but not marked: a later round publishes them again under the
+             * same ids. Counted as failed so that nobody takes them for done. */
+            report->failed += n_ok;
+            if (rc == LAPSE_OK) {
+                rc = mrc;
+                if (err) {
+                    *err = mark_err;
+                }
+            }
+        }
+    }
+    if (rc == LAPSE_OK && report->failed > 0) {
+        rc = lapse_error_set(err, LAPSE_ERR_BROKER_NACK, "%zu of %zu events nacked",
+                             report->failed, r.n);
+    }
+    free(r.seqs);
+    free(r.outcome);
+    return rc;
+}
+
+lapse_status_t lapse__events_drain(lapse__broker_t *broker, lapse_store_t *store,
+                                   const char *exchange, int64_t deadline_ms,
+                                   lapse__relay_stop_fn stop, void *stop_opaque,
+                                   lapse__relay_report_t *total, lapse_error_t *err) {
+    *total = (lapse__relay_report_t){0};
+    /* A round never waits for room in the confirm window. */
+    size_t round = broker->window > 0 && broker->window < LAPSE__EVENTS_ROUND
+                       ? broker->window
+                       : LAPSE__EVENTS_ROUND;
+    for (;;) {
+        int64_t left = deadline_ms - lapse_clock_now_ms();
+        if (left <= 0 || (stop && stop(stop_opaque))) {
+            return LAPSE_OK;
+        }
+        lapse__relay_report_t one;
+        lapse_status_t rc = lapse__events_relay(
+            broker, store, exchange, NULL, 0, round,
+            left < ROUND_CONFIRM_MS ? left : ROUND_CONFIRM_MS, &one, err);
+        lapse__relay_report_add(total, &one);
+        if (rc != LAPSE_OK || one.returned > 0 || one.read < round) {
+            return rc;
+        }
+    }
+}

@@ -1,0 +1,62 @@
+/* SPDX-License-Identifier: MIT
+ * Internal: the events relay. Outbox rows go to <prefix>.events as order.cancelled
+ * events, mandatory and confirmed; a row is marked published only when the broker
+ * confirmed its publish without returning it. The consumer relays on its publishing
+ * connection, the sweep on a connection of its own: both through here. */
+#ifndef LAPSE_EVENTS_INT_H
+#define LAPSE_EVENTS_INT_H
+
+#include "broker_int.h"
+
+#include <lapse/store.h>
+
+/* Events published in one round: one confirmed batch and one store write. */
+#define LAPSE__EVENTS_ROUND 1000
+
+/* What one or more rounds did. */
+typedef struct lapse__relay_report {
+    size_t read;      /* outbox rows read and published */
+    size_t published; /* confirmed and not returned: marked published */
+    size_t returned;  /* returned by the broker, no queue took them: left in the outbox */
+    size_t failed;    /* nacked, or not settled in time: left in the outbox */
+} lapse__relay_report_t;
+
+/**
+ * One round: read the unpublished outbox rows (only those in only[0..n_only) when only
+ * is not NULL; at most limit), publish each to exchange with routing key
+ * order.cancelled, mandatory, wait up to timeout_ms for their confirms, and mark the
+ * confirmed and not returned ones published. A returned row stays in the outbox for a
+ * later round (it went nowhere, so a later round cannot duplicate it).
+ *
+ * @param broker a confirm-mode connection, borrowed; for the round, the outcomes of its
+ *               own publishes go to the relay, every other one to the broker's settle
+ *               callback as before.
+ * @param report zeroed, then filled, also on failure.
+ * @return LAPSE_OK when every row read was published and settled (returned or not) and
+ *         the marking committed; else the first failure (publish, confirms, store), with
+ *         the rows confirmed before it marked all the same.
+ */
+lapse_status_t lapse__events_relay(lapse__broker_t *broker, lapse_store_t *store,
+                                   const char *exchange, const int64_t *only,
+                                   size_t n_only, size_t limit, int64_t timeout_ms,
+                                   lapse__relay_report_t *report, lapse_error_t *err);
+
+/** Asked between rounds of lapse__events_drain(); true stops it. */
+typedef bool (*lapse__relay_stop_fn)(void *opaque);
+
+/**
+ * Rounds of lapse__events_relay() over the whole outbox, oldest first, until it is empty,
+ * a row is returned (no queue bound: the rest would be returned too), a round fails,
+ * deadline_ms (lapse_clock_now_ms() time) passes, or stop (optional) says so.
+ * @param total zeroed, then the sum of the rounds.
+ * @return LAPSE_OK or the failed round's status.
+ */
+lapse_status_t lapse__events_drain(lapse__broker_t *broker, lapse_store_t *store,
+                                   const char *exchange, int64_t deadline_ms,
+                                   lapse__relay_stop_fn stop, void *stop_opaque,
+                                   lapse__relay_report_t *total, lapse_error_t *err);
+
+/** Add b's counts to a's. */
+void lapse__relay_report_add(lapse__relay_report_t *a, const lapse__relay_report_t *b);
+
+#endif
