@@ -65,9 +65,10 @@ const cli_option_t cli_options[] = {
      .property = "events_queue",
      .example = "shop.cancellations",
      .commands = CLI_GLOBAL,
-     .help = "a durable queue bound to the events exchange that keeps the order.cancelled "
-             "events, declared and exported with the topology (default: none; see "
-             "definitions/events-queue.json)"},
+     .help =
+         "a durable queue bound to the events exchange that keeps the order.cancelled "
+         "events, declared and exported with the topology (default: none; see "
+         "definitions/events-queue.json)"},
     {.name = "heartbeat",
      .metavar = "SECONDS",
      .property = "heartbeat",
