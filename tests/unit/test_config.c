@@ -18,8 +18,8 @@
 #define ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 
 static const char *const env_vars[] = {
-    "LAPSE_AMQP_URL",    "LAPSE_STORE",     "LAPSE_PREFIX",   "LAPSE_CLASSES",
-    "LAPSE_QUEUE_TYPE",  "LAPSE_HEARTBEAT", "LAPSE_PREFETCH", "LAPSE_MAX_ATTEMPTS",
+    "LAPSE_AMQP_URL",    "LAPSE_STORE",     "LAPSE_PREFIX",    "LAPSE_CLASSES",
+    "LAPSE_QUEUE_TYPE",  "LAPSE_HEARTBEAT", "LAPSE_PREFETCH",  "LAPSE_MAX_ATTEMPTS",
     "LAPSE_SWEEP_EVERY", "LAPSE_GRACE",     "LAPSE_IN_FLIGHT", "LAPSE_EVENTS_QUEUE"};
 
 static int setup(void **state) {
