@@ -57,8 +57,12 @@ static void flag_text(const cli_option_t *opt, char *buf, size_t cap) {
              opt->metavar ? opt->metavar : "");
 }
 
+/* An empty default ("none", as for events_queue) is not shown: the help says what it
+ * means. */
 static const char *default_of(const cli_option_t *opt) {
-    return opt->property ? lapse_config_property_default(opt->property) : opt->def;
+    const char *def =
+        opt->property ? lapse_config_property_default(opt->property) : opt->def;
+    return def && def[0] ? def : NULL;
 }
 
 static const char *env_of(const cli_option_t *opt) {
