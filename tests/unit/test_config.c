@@ -454,8 +454,8 @@ static void test_env_covers_every_setting(void **state) {
         }
     }
     lapse_config_free(fresh);
-    assert_int_equal(n, 12);
-    assert_int_equal(with_env, 11); /* all but the clock_skew test hook */
+    assert_int_equal(n, 13);
+    assert_int_equal(with_env, 12); /* all but the clock_skew test hook */
     assert_null(lapse_config_property_name(n + 1));
     assert_null(lapse_config_property_env("clock_skew"));
     assert_null(lapse_config_property_default("clock_skew"));
