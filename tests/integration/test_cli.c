@@ -519,6 +519,14 @@ static void test_batch_with_bad_lines(void **state) {
           "\n"                                                            /* 7 blank */
           "{\"order_id\":\"b8\",\"timeout\":\"2s\"}\n",                   /* 8 ok */
           f);
+    /* 9: a 1 MiB line (no batch line is that long): read past with bounded memory
+     * (unit_line_reader checks the buffer), reported with its number; the batch goes
+     * on to 10. */
+    fputs("{\"order_id\":\"big\",\"pad\":\"", f);
+    for (int i = 0; i < 1024 * 1024; i++) {
+        fputc('x', f);
+    }
+    fputs("\"}\n{\"order_id\":\"b10\",\"timeout\":\"2s\"}\n", f); /* 10 ok */
     fclose(f);
     size_t mark = log_mark(&h);
     int code =
@@ -527,11 +535,11 @@ static void test_batch_with_bad_lines(void **state) {
     fprintf(stderr, "batch -> %d:\n%s", code, err);
     assert_true(code > 0 && code < 128);
 
-    assert_int_equal(h_sql_int(&h, "SELECT count(*) FROM orders"), 3);
-    assert_int_equal(h_sql_int(&h,
-                               "SELECT count(*) FROM orders WHERE order_id IN "
-                               "('b1','b4','b8') AND status='pending' AND scheduled=1"),
-                     3);
+    assert_int_equal(h_sql_int(&h, "SELECT count(*) FROM orders"), 4);
+    assert_int_equal(h_sql_int(&h, "SELECT count(*) FROM orders WHERE order_id IN "
+                                   "('b1','b4','b8','b10') AND status='pending' AND "
+                                   "scheduled=1"),
+                     4);
     assert_int_equal(h_sql_int(&h, "SELECT count(*) FROM holds WHERE order_id='b1'"), 1);
 
     const int bad[] = {2, 3, 5, 6}, good[] = {1, 4, 7, 8};
@@ -547,16 +555,18 @@ static void test_batch_with_bad_lines(void **state) {
     }
     assert_non_null(strstr(err, "colour"));
     assert_non_null(strstr(err, "in the past"));
+    assert_non_null(strstr(err, "line 9: longer than 65536 bytes (1048603); skipped"));
+    assert_int_equal(h_count_lines(&h, "cli.log", "line 10:"), 0);
     free(err);
 
-    /* The three good ones are on the broker. */
+    /* The four good ones are on the broker. */
     amqp_connection_state_t conn = h_amqp_open(&h);
     char q2[160], q3[160], qx[160];
     snprintf(q2, sizeof q2, "%s.hold.2s", h.prefix);
     snprintf(q3, sizeof q3, "%s.hold.3s", h.prefix);
     snprintf(qx, sizeof qx, "%s.expired", h.prefix);
     assert_int_equal(
-        h_queue_depth(conn, q2) + h_queue_depth(conn, q3) + h_queue_depth(conn, qx), 3);
+        h_queue_depth(conn, q2) + h_queue_depth(conn, q3) + h_queue_depth(conn, qx), 4);
     h_amqp_close(conn);
     cli_teardown(&h);
 }
