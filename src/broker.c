@@ -466,3 +466,144 @@ void lapse__broker_close(lapse__broker_t *broker) {
     broker->open = false;
     broker->confirms = false;
 }
+
+/* ---- the consuming side: consume, ack, qos, get, and the frames in between ----------- */
+
+lapse_status_t lapse__broker_qos(lapse__broker_t *broker, uint16_t prefetch,
+                                 lapse_error_t *err) {
+    amqp_basic_qos(broker->conn, LAPSE__CHANNEL, 0, prefetch, 0);
+    return lapse__broker_reply(broker, amqp_get_rpc_reply(broker->conn), "basic.qos",
+                               err);
+}
+
+lapse_status_t lapse__broker_consume(lapse__broker_t *broker, const char *queue,
+                                     const char *tag, lapse_error_t *err) {
+    amqp_basic_consume(broker->conn, LAPSE__CHANNEL, amqp_cstring_bytes(queue),
+                       amqp_cstring_bytes(tag), 0, 0, 0, amqp_empty_table);
+    return lapse__broker_reply(broker, amqp_get_rpc_reply(broker->conn),
+                               "basic.consume", err);
+}
+
+/* The one place a frame that is not a delivery is handled on a consuming connection (as
+ * rabbitmq-c's amqp_consumer.c example does): a close is answered with its close-ok and
+ * ends the session; a basic.cancel (the queue was deleted) ends it too; anything else
+ * (a heartbeat, a late reply) is let go. */
+static lapse_status_t unexpected_frame(lapse__broker_t *broker, lapse_error_t *err) {
+    amqp_frame_t frame;
+    int st = amqp_simple_wait_frame(broker->conn, &frame);
+    if (st != AMQP_STATUS_OK) {
+        broker->open = false;
+        return lapse_error_set(err, LAPSE_ERR_BROKER_CLOSED, "consume: %s",
+                               amqp_error_string2(st));
+    }
+    if (frame.frame_type != AMQP_FRAME_METHOD) {
+        return LAPSE_OK;
+    }
+    switch (frame.payload.method.id) {
+        case AMQP_CHANNEL_CLOSE_METHOD: {
+            amqp_channel_close_t *m = frame.payload.method.decoded;
+            amqp_channel_close_ok_t ok = {0};
+            amqp_send_method(broker->conn, frame.channel, AMQP_CHANNEL_CLOSE_OK_METHOD,
+                             &ok);
+            return server_close(broker, "consume", m->reply_code, m->reply_text, false,
+                                err);
+        }
+        case AMQP_CONNECTION_CLOSE_METHOD: {
+            amqp_connection_close_t *m = frame.payload.method.decoded;
+            amqp_connection_close_ok_t ok = {0};
+            amqp_send_method(broker->conn, 0, AMQP_CONNECTION_CLOSE_OK_METHOD, &ok);
+            return server_close(broker, "consume", m->reply_code, m->reply_text, true,
+                                err);
+        }
+        case AMQP_BASIC_CANCEL_METHOD:
+            return lapse_error_set(err, LAPSE_ERR_BROKER_CLOSED,
+                                   "consume: the broker cancelled the consumer");
+        default:
+            return LAPSE_OK;
+    }
+}
+
+lapse_status_t lapse__broker_consume_next(lapse__broker_t *broker, amqp_envelope_t *env,
+                                          int64_t timeout_ms, bool *got,
+                                          lapse_error_t *err) {
+    *got = false;
+    if (timeout_ms < 0) {
+        timeout_ms = 0;
+    }
+    struct timeval tv = {.tv_sec = timeout_ms / 1000,
+                         .tv_usec = (suseconds_t)((timeout_ms % 1000) * 1000)};
+    amqp_rpc_reply_t r = amqp_consume_message(broker->conn, env, &tv, 0);
+    if (r.reply_type == AMQP_RESPONSE_NORMAL) {
+        *got = true;
+        return LAPSE_OK;
+    }
+    if (r.reply_type == AMQP_RESPONSE_LIBRARY_EXCEPTION &&
+        r.library_error == AMQP_STATUS_TIMEOUT) {
+        return LAPSE_OK;
+    }
+    if (r.reply_type == AMQP_RESPONSE_LIBRARY_EXCEPTION &&
+        r.library_error == AMQP_STATUS_UNEXPECTED_STATE) {
+        return unexpected_frame(broker, err);
+    }
+    return lapse__broker_reply(broker, r, "consume", err);
+}
+
+void lapse__broker_envelope_clear(lapse__broker_t *broker, amqp_envelope_t *env) {
+    amqp_destroy_envelope(env);
+    if (broker->conn) {
+        amqp_maybe_release_buffers(broker->conn);
+    }
+}
+
+lapse_status_t lapse__broker_ack(lapse__broker_t *broker, uint64_t tag, bool multiple,
+                                 lapse_error_t *err) {
+    int st = amqp_basic_ack(broker->conn, LAPSE__CHANNEL, tag, multiple ? 1 : 0);
+    if (st != AMQP_STATUS_OK) {
+        broker->open = false;
+        return lapse_error_set(err, LAPSE_ERR_BROKER_CLOSED, "ack: %s",
+                               amqp_error_string2(st));
+    }
+    return LAPSE_OK;
+}
+
+void lapse__broker_set_rpc_timeout(lapse__broker_t *broker, int64_t timeout_ms) {
+    if (timeout_ms < 1) {
+        timeout_ms = 1;
+    }
+    struct timeval tv = {.tv_sec = timeout_ms / 1000,
+                         .tv_usec = (suseconds_t)((timeout_ms % 1000) * 1000)};
+    amqp_set_rpc_timeout(broker->conn, &tv);
+}
+
+lapse_status_t lapse__broker_declare_private(lapse__broker_t *broker,
+                                             const amqp_table_t *args, char *name,
+                                             size_t cap, lapse_error_t *err) {
+    amqp_queue_declare_ok_t *ok =
+        amqp_queue_declare(broker->conn, LAPSE__CHANNEL, amqp_empty_bytes, 0, 0, 1, 1,
+                           args ? *args : amqp_empty_table);
+    lapse_status_t rc = lapse__broker_reply(broker, amqp_get_rpc_reply(broker->conn),
+                                            "queue.declare", err);
+    if (rc == LAPSE_OK && ok) {
+        lapse__bytes_to_str(ok->queue, name, cap);
+    }
+    return rc;
+}
+
+lapse_status_t lapse__broker_get(lapse__broker_t *broker, const char *queue,
+                                 amqp_message_t *msg, bool *got, lapse_error_t *err) {
+    *got = false;
+    amqp_rpc_reply_t r =
+        amqp_basic_get(broker->conn, LAPSE__CHANNEL, amqp_cstring_bytes(queue), 1);
+    lapse_status_t rc = lapse__broker_reply(broker, r, "basic.get", err);
+    if (rc != LAPSE_OK || r.reply.id != AMQP_BASIC_GET_OK_METHOD) {
+        return rc; /* get-empty: nothing there yet */
+    }
+    rc = lapse__broker_reply(
+        broker, amqp_read_message(broker->conn, LAPSE__CHANNEL, msg, 0), "basic.get", err);
+    *got = rc == LAPSE_OK;
+    return rc;
+}
+
+void lapse__broker_message_clear(amqp_message_t *msg) {
+    amqp_destroy_message(msg);
+}
