@@ -251,7 +251,7 @@ static void decide(lapse_consumer_t *c, int64_t now, size_t n_items) {
                             .settled = !c->item_failed[k],
                             .outcome = it->outcome,
                             .deadline_ms = it->deadline_ms,
-                            .now_ms = d->undated ? LAPSE__NOTHING_DUE : now,
+                            .now_ms = now,
                             .attempts = d->attempts,
                             .max_attempts = c->cfg->max_attempts};
         lapse__decide(&f, &d->verdict);
