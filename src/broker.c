@@ -467,7 +467,8 @@ void lapse__broker_close(lapse__broker_t *broker) {
     broker->confirms = false;
 }
 
-/* ---- the consuming side: consume, ack, qos, get, and the frames in between ----------- */
+/* ---- the consuming side: consume, ack, qos, get, and the frames in between -----------
+ */
 
 lapse_status_t lapse__broker_qos(lapse__broker_t *broker, uint16_t prefetch,
                                  lapse_error_t *err) {
@@ -480,8 +481,8 @@ lapse_status_t lapse__broker_consume(lapse__broker_t *broker, const char *queue,
                                      const char *tag, lapse_error_t *err) {
     amqp_basic_consume(broker->conn, LAPSE__CHANNEL, amqp_cstring_bytes(queue),
                        amqp_cstring_bytes(tag), 0, 0, 0, amqp_empty_table);
-    return lapse__broker_reply(broker, amqp_get_rpc_reply(broker->conn),
-                               "basic.consume", err);
+    return lapse__broker_reply(broker, amqp_get_rpc_reply(broker->conn), "basic.consume",
+                               err);
 }
 
 /* The one place a frame that is not a delivery is handled on a consuming connection (as
@@ -598,8 +599,9 @@ lapse_status_t lapse__broker_get(lapse__broker_t *broker, const char *queue,
     if (rc != LAPSE_OK || r.reply.id != AMQP_BASIC_GET_OK_METHOD) {
         return rc; /* get-empty: nothing there yet */
     }
-    rc = lapse__broker_reply(
-        broker, amqp_read_message(broker->conn, LAPSE__CHANNEL, msg, 0), "basic.get", err);
+    rc = lapse__broker_reply(broker,
+                             amqp_read_message(broker->conn, LAPSE__CHANNEL, msg, 0),
+                             "basic.get", err);
     *got = rc == LAPSE_OK;
     return rc;
 }

@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT
  * Consumer: taking and deciding. Batches of expired messages -> the facts of each ->
  * decision.c's verdict -> one store transaction -> forwards confirmed -> one multiple
- * ack; reconnect with backoff, and the sweep's direct cancels while the broker is down. */
+ * ack; reconnect with backoff, and the sweep's direct cancels while the broker is down.
+ */
 #include "consumer_int.h"
 
 #include "publisher_int.h"
@@ -101,7 +102,8 @@ static lapse_status_t collect(lapse_consumer_t *c, lapse_error_t *err) {
         }
         delivery_t *d = &c->batch[c->n];
         bool got = false;
-        lapse_status_t rc = lapse__broker_consume_next(&c->in, &d->env, wait_ms, &got, err);
+        lapse_status_t rc =
+            lapse__broker_consume_next(&c->in, &d->env, wait_ms, &got, err);
         if (rc != LAPSE_OK) {
             return rc;
         }
@@ -203,8 +205,8 @@ static lapse_status_t settle(lapse_consumer_t *c, int64_t now,
              * clear it, or a parked line would name the order of an earlier delivery. */
             memset(&d->msg, 0, sizeof d->msg);
             d->reason[0] = '\0';
-            d->decoded = lapse_expiry_msg_decode(body.bytes, body.len, &d->msg, &derr) ==
-                         LAPSE_OK;
+            d->decoded =
+                lapse_expiry_msg_decode(body.bytes, body.len, &d->msg, &derr) == LAPSE_OK;
             if (!d->decoded) {
                 snprintf(d->reason, sizeof d->reason, "%s: %s",
                          lapse_status_name(derr.code), derr.text);
@@ -263,7 +265,8 @@ static void decide(lapse_consumer_t *c, int64_t now, size_t n_items) {
                 lapse__log(c->cfg, LAPSE_LOG_INFO,
                            "event=decision order_id=%s decision=cancelled lag_ms=%lld "
                            "redelivered=%d",
-                           it->order_id, (long long)lapse__time_add(now, -it->deadline_ms),
+                           it->order_id,
+                           (long long)lapse__time_add(now, -it->deadline_ms),
                            d->env.redelivered ? 1 : 0);
                 break;
             case LAPSE__ACT_NOOP:
@@ -303,7 +306,8 @@ static lapse_status_t process(lapse_consumer_t *c, const volatile sig_atomic_t *
     bool forwards = false;
     for (size_t i = 0; i < c->n; i++) {
         lapse__action_t a = c->batch[i].verdict.action;
-        forwards |= a == LAPSE__ACT_PARK || a == LAPSE__ACT_EARLY || a == LAPSE__ACT_RETRY;
+        forwards |=
+            a == LAPSE__ACT_PARK || a == LAPSE__ACT_EARLY || a == LAPSE__ACT_RETRY;
     }
     if (forwards) {
         rc = lapse__consumer_ensure_out(c, err);

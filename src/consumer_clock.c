@@ -108,8 +108,8 @@ static lapse_status_t probe_once(lapse_consumer_t *c, lapse__broker_t *b,
     amqp_basic_properties_t props = {._flags = AMQP_BASIC_DELIVERY_MODE_FLAG,
                                      .delivery_mode = AMQP_DELIVERY_NONPERSISTENT};
     static const char body[] = "lapse clock probe";
-    lapse_status_t rc =
-        lapse__broker_publish(b, "", into, false, &props, body, sizeof body - 1, NULL, err);
+    lapse_status_t rc = lapse__broker_publish(b, "", into, false, &props, body,
+                                              sizeof body - 1, NULL, err);
     int64_t give_up = lapse__mono_ms() + PROBE_WAIT_MS;
     give_up = give_up < until ? give_up : until;
     while (rc == LAPSE_OK && lapse__mono_ms() < give_up) {

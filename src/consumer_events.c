@@ -179,7 +179,6 @@ void lapse__consumer_events_final(lapse_consumer_t *c) {
                lapse_status_name(rc), text);
 }
 
-
 void lapse__consumer_events_backlog(lapse_consumer_t *c) {
     int64_t mono = lapse__mono_ms();
     if (mono >= c->backlog_at) {

@@ -56,11 +56,11 @@
 typedef struct delivery {
     amqp_envelope_t env;
     lapse_expiry_msg_t msg;
-    bool decoded;           /* msg holds a valid expiry message */
-    bool undated;           /* never dead-lettered: no broker time vouches for it */
-    int attempts;           /* failed attempts before this delivery (x-lapse-attempts) */
-    int64_t received_mono;  /* lapse__mono_ms() when it was taken */
-    int64_t deadline_ms;    /* the store's deadline (early) */
+    bool decoded;          /* msg holds a valid expiry message */
+    bool undated;          /* never dead-lettered: no broker time vouches for it */
+    int attempts;          /* failed attempts before this delivery (x-lapse-attempts) */
+    int64_t received_mono; /* lapse__mono_ms() when it was taken */
+    int64_t deadline_ms;   /* the store's deadline (early) */
     lapse__verdict_t verdict;
     char reason[256]; /* the decoder's or the store's words, for the parked reason */
 } delivery_t;
@@ -134,7 +134,8 @@ lapse_status_t lapse__consumer_ensure_out(lapse_consumer_t *c, lapse_error_t *er
 /** Open the publishing connection now, whatever its backoff. */
 lapse_status_t lapse__consumer_open_out(lapse_consumer_t *c, lapse_error_t *err);
 
-/** The publishing connection failed: log it as event=what, close it, start its backoff. */
+/** The publishing connection failed: log it as event=what, close it, start its backoff.
+ */
 void lapse__consumer_out_failed(lapse_consumer_t *c, lapse_status_t rc,
                                 const lapse_error_t *why, const char *what);
 
@@ -153,7 +154,8 @@ bool lapse__consumer_events(lapse_consumer_t *c, const int64_t *only, size_t n_o
 /** Remember seqs (outbox rows of this consumer's cancellations) as owed. */
 void lapse__consumer_owe(lapse_consumer_t *c, const int64_t *seqs, size_t n);
 
-/** When (mono) owed events may be tried next (the events' or the connection's backoff). */
+/** When (mono) owed events may be tried next (the events' or the connection's backoff).
+ */
 int64_t lapse__consumer_owed_due(const lapse_consumer_t *c);
 
 /** Publish the owed events when CONSUMER_EVENTS_CHUNK of them wait, or the oldest has

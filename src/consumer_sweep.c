@@ -29,10 +29,11 @@ static void log_skipped(lapse_consumer_t *c, const char *why) {
     }
     c->sweep_skipped = why;
     if (why) {
-        lapse__log(c->cfg, LAPSE_LOG_WARN,
-                   "event=sweep_cancel_skipped reason=%s note=\"no time known to be at or "
-                   "before the broker's; direct cancels wait for one\"",
-                   why);
+        lapse__log(
+            c->cfg, LAPSE_LOG_WARN,
+            "event=sweep_cancel_skipped reason=%s note=\"no time known to be at or "
+            "before the broker's; direct cancels wait for one\"",
+            why);
     }
 }
 
@@ -46,8 +47,8 @@ void lapse__consumer_sweep(lapse_consumer_t *c, bool broker_up) {
     opts.grace_ms = c->cfg->sweep_grace_ms;
     opts.in_flight_ms = c->cfg->sweep_in_flight_ms;
     opts.max_orders = CONSUMER_SWEEP_CHUNK;
-    opts.events = false;          /* the consumer publishes the outbox itself */
-    opts.republish = broker_up;   /* publishing needs the broker */
+    opts.events = false;        /* the consumer publishes the outbox itself */
+    opts.republish = broker_up; /* publishing needs the broker */
     const char *why = NULL;
     opts.now_ms = lapse__consumer_sweep_now(c, broker_up, &why);
     opts.cancel = opts.now_ms != LAPSE__NOTHING_DUE;

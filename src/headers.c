@@ -120,8 +120,7 @@ void lapse__hdr_reason(const amqp_basic_properties_t *props, char *buf, size_t c
     }
     buf[0] = '\0';
     const amqp_field_value_t *v = lapse__hdr_find(props, LAPSE_HDR_REASON);
-    if (!v ||
-        (v->kind != AMQP_FIELD_KIND_UTF8 && v->kind != AMQP_FIELD_KIND_BYTES)) {
+    if (!v || (v->kind != AMQP_FIELD_KIND_UTF8 && v->kind != AMQP_FIELD_KIND_BYTES)) {
         return;
     }
     size_t n = v->value.bytes.len < cap - 1 ? v->value.bytes.len : cap - 1;

@@ -16,8 +16,7 @@ const amqp_field_value_t *lapse__hdr_find(const amqp_basic_properties_t *props,
                                           const char *name);
 
 /** Header name as an integer of any kind (a u64 above INT64_MAX is refused). */
-bool lapse__hdr_int(const amqp_basic_properties_t *props, const char *name,
-                    int64_t *out);
+bool lapse__hdr_int(const amqp_basic_properties_t *props, const char *name, int64_t *out);
 
 /** x-lapse-attempts: failed processing attempts so far, clamped to 0..1000000; 0 when
  *  absent, negative or not an integer. */
