@@ -66,7 +66,7 @@ static void publish_orders(h_ctx_t *h, int n, int first_s, int last_s) {
     assert_non_null(f);
     for (int i = 0; i < n; i++) {
         int s = first_s + (last_s - first_s) * i / (n - 1);
-        fprintf(f, "{\"order_id\":\"o-%d\",\"timeout\":\"%ds\",\"holds\":[\"r-%d\"]}\n", i,
+        fprintf(f, "{\"order_id\":\"ord-%d\",\"timeout\":\"%ds\",\"holds\":[\"r-%d\"]}\n", i,
                 s, i);
     }
     fclose(f);
@@ -127,11 +127,11 @@ static bool every_fourth(int i) {
     return i % 4 == 0;
 }
 
-/* When (the test's clock) the consumer logged its decision on order o-i, polling the
+/* When (the test's clock) the consumer logged its decision on order ord-i, polling the
  * log until `until`; -1 when it did not. */
 static int64_t seen_decision(h_ctx_t *h, int i, const char *decision, int64_t until) {
     char needle[96];
-    snprintf(needle, sizeof needle, "order_id=o-%d decision=%s", i, decision);
+    snprintf(needle, sizeof needle, "order_id=ord-%d decision=%s", i, decision);
     while (h_now_ms() < until) {
         if (h_count_lines(h, "consumer.log", needle) > 0) {
             return h_now_ms();
@@ -161,7 +161,7 @@ static void test_wall_clock_steps_back(void **state) {
     int64_t worst = 0;
     for (int i = 0; i < N; i += 4) {
         int64_t deadline =
-            h_sql_int(&h, "SELECT deadline_ms FROM orders WHERE order_id='o-%d'", i);
+            h_sql_int(&h, "SELECT deadline_ms FROM orders WHERE order_id='ord-%d'", i);
         int64_t seen = seen_decision(&h, i, "noop_paid", deadline + h_ms(10000));
         assert_true(seen >= 0);
         worst = seen - deadline > worst ? seen - deadline : worst;

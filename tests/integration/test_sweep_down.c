@@ -36,6 +36,13 @@ static void test_overdue_orders_cancelled_while_the_broker_is_down(void **state)
     h_setup(&h, "sweep-down", "4s", true);
     int64_t t0 = h_now_ms();
     h_watch_t *watch = h_watch_start(&h);
+    /* A durable queue for the events, so that they have somewhere to go. */
+    amqp_connection_state_t conn = h_amqp_open(&h);
+    char events_x[128], tap[160];
+    snprintf(events_x, sizeof events_x, "%s.events", h.prefix);
+    snprintf(tap, sizeof tap, "%s.tap", h.prefix);
+    h_tap(&h, conn, "tap", events_x, "#");
+    h_amqp_close(conn);
     pid_t consumer = h_spawn_consumer(
         &h, "consumer.log",
         (const char *const[]){"--sweep-every", "1s", "--grace", "2s", NULL});
@@ -46,7 +53,7 @@ static void test_overdue_orders_cancelled_while_the_broker_is_down(void **state)
     FILE *f = fopen(h_path(&h, "orders.jsonl"), "w");
     assert_non_null(f);
     for (int i = 0; i < ORDERS; i++) {
-        fprintf(f, "{\"order_id\":\"o-%d\",\"timeout\":\"4s\",\"holds\":[\"r-%d\"]}\n", i,
+        fprintf(f, "{\"order_id\":\"ord-%d\",\"timeout\":\"4s\",\"holds\":[\"r-%d\"]}\n", i,
                 i);
     }
     fclose(f);
@@ -77,6 +84,10 @@ static void test_overdue_orders_cancelled_while_the_broker_is_down(void **state)
                                 "SELECT count(*) FROM events WHERE published_at_ms IS NULL"),
                      0);
     assert_int_equal(h_stop(consumer, SIGTERM, h_ms(10000)), 0);
+    conn = h_amqp_open(&h);
+    size_t tap_total = 0;
+    size_t tap_orders = h_tap_event_orders(conn, tap, &tap_total);
+    h_amqp_close(conn);
 
     static const char *const logs[] = {"consumer.log", NULL};
     h_laws_t laws;
@@ -92,6 +103,7 @@ static void test_overdue_orders_cancelled_while_the_broker_is_down(void **state)
     assert_int_equal(laws.paid, (int64_t)paid);
     assert_int_equal(laws.cancelled, unpaid);
     assert_int_equal(laws.unpublished, 0);
+    assert_int_equal(tap_orders, (size_t)unpaid);
     h_teardown(&h);
 }
 
