@@ -46,6 +46,12 @@ static void set_offset(h_ctx_t *h, const char *offset) {
 
 static pid_t spawn_stepped_consumer(h_ctx_t *h, const char *const *args) {
     assert_true(h_faketime_available());
+    /* A queue for the events, so that they have somewhere to go. */
+    amqp_connection_state_t conn = h_amqp_open(h);
+    char events_x[128];
+    snprintf(events_x, sizeof events_x, "%s.events", h->prefix);
+    h_tap(h, conn, "tap", events_x, "#");
+    h_amqp_close(conn);
     set_offset(h, "+0");
     static char file_env[4200];
     snprintf(file_env, sizeof file_env, "FAKETIME_TIMESTAMP_FILE=%s",
@@ -58,6 +64,7 @@ static pid_t spawn_stepped_consumer(h_ctx_t *h, const char *const *args) {
         usleep(50000);
     }
     assert_true(h_count_lines(h, "consumer.log", "event=consuming") >= 1);
+    usleep(1000000); /* the consumer has observed the real clock */
     return pid;
 }
 
