@@ -759,6 +759,12 @@ static void test_options_before_or_after_the_command(void **state) {
     expect_usage(&h, "'--json' takes no value",
                  (const char *[]){"status", "--json=yes", NULL});
     expect_usage(&h, "unknown option '-x'", (const char *[]){"status", "-x", NULL});
+    /* The test hook that shifted the clock is gone from the shipped binary (issue 10):
+     * it could cancel early (sweep) or take a late payment (pay). */
+    expect_usage(&h, "unknown option '--clock-skew'",
+                 (const char *[]){"--clock-skew", "1h", "sweep", NULL});
+    expect_usage(&h, "unknown option '--clock-skew'",
+                 (const char *[]){"pay", "x1", "--clock-skew=-1h", NULL});
     cli_teardown(&h);
 }
 

@@ -59,7 +59,8 @@ static pid_t spawn_stepped_consumer(h_ctx_t *h, const char *const *args) {
     pid_t pid = h_spawn_env(
         h, "consumer.log", args,
         (const char *const[]){H_FAKETIME_ENV, file_env, "FAKETIME_NO_CACHE=1", NULL});
-    for (int t = 0; t < h_ms(15000) && !h_count_lines(h, "consumer.log", "event=consuming");
+    for (int t = 0;
+         t < h_ms(15000) && !h_count_lines(h, "consumer.log", "event=consuming");
          t += 50) {
         usleep(50000);
     }
@@ -73,8 +74,8 @@ static void publish_orders(h_ctx_t *h, int n, int first_s, int last_s) {
     assert_non_null(f);
     for (int i = 0; i < n; i++) {
         int s = first_s + (last_s - first_s) * i / (n - 1);
-        fprintf(f, "{\"order_id\":\"ord-%d\",\"timeout\":\"%ds\",\"holds\":[\"r-%d\"]}\n", i,
-                s, i);
+        fprintf(f, "{\"order_id\":\"ord-%d\",\"timeout\":\"%ds\",\"holds\":[\"r-%d\"]}\n",
+                i, s, i);
     }
     fclose(f);
     assert_int_equal(
@@ -89,9 +90,9 @@ static void test_wall_clock_steps_forward(void **state) {
     h_watch_t *watch = h_watch_start(&h);
     /* A short grace and a frequent sweep: the direct cancels are where a clock ahead of
      * the broker's cancelled early. */
-    pid_t consumer = spawn_stepped_consumer(
-        &h, (const char *const[]){"--sweep-every", "1s", "--grace", "1s", "consume",
-                                  NULL});
+    pid_t consumer =
+        spawn_stepped_consumer(&h, (const char *const[]){"--sweep-every", "1s", "--grace",
+                                                         "1s", "consume", NULL});
     enum { N = 24 };
     /* Due from 10 s to 3 min, all within the step's 5 minutes. */
     publish_orders(&h, N, 10, 180);
@@ -111,7 +112,8 @@ static void test_wall_clock_steps_forward(void **state) {
     h_laws_t laws;
     h_check_laws(&h, logs, watch, &laws);
     char extra[256];
-    snprintf(extra, sizeof extra, "step_s=+300 clock_steps=%zu probes=%zu runtime_ms=%lld",
+    snprintf(extra, sizeof extra,
+             "step_s=+300 clock_steps=%zu probes=%zu runtime_ms=%lld",
              h_count_lines(&h, "consumer.log", "event=clock_step step_ms=3"),
              h_count_lines(&h, "consumer.log", "event=clock_probe "),
              (long long)(h_now_ms() - t0));
@@ -179,17 +181,19 @@ static void test_wall_clock_steps_back(void **state) {
                                 "SELECT count(*) FROM orders WHERE status='cancelled'"),
                      unpaid);
     /* Events of the cancellations go out promptly (their delay is monotonic too). */
-    assert_int_equal(h_wait_sql(&h, 0, h_ms(5000),
-                                "SELECT count(*) FROM events WHERE published_at_ms IS NULL"),
-                     0);
+    assert_int_equal(
+        h_wait_sql(&h, 0, h_ms(5000),
+                   "SELECT count(*) FROM events WHERE published_at_ms IS NULL"),
+        0);
     assert_int_equal(h_stop(consumer, SIGTERM, h_ms(10000)), 0);
 
     static const char *const logs[] = {"consumer.log", NULL};
     h_laws_t laws;
     h_check_laws(&h, logs, watch, &laws);
     char extra[256];
-    snprintf(extra, sizeof extra, "step_s=-60 paid_settled_within_ms=%lld runtime_ms=%lld",
-             (long long)worst, (long long)(h_now_ms() - t0));
+    snprintf(extra, sizeof extra,
+             "step_s=-60 paid_settled_within_ms=%lld runtime_ms=%lld", (long long)worst,
+             (long long)(h_now_ms() - t0));
     h_print_matrix("clock-", &laws, extra);
     H_ASSERT_LAWS(laws);
     assert_int_equal(laws.paid, (int64_t)paid);

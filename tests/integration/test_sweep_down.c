@@ -46,15 +46,16 @@ static void test_overdue_orders_cancelled_while_the_broker_is_down(void **state)
     pid_t consumer = h_spawn_consumer(
         &h, "consumer.log",
         (const char *const[]){"--sweep-every", "1s", "--grace", "2s", NULL});
-    for (int t = 0; t < h_ms(15000) && !h_count_lines(&h, "consumer.log", "event=consuming");
+    for (int t = 0;
+         t < h_ms(15000) && !h_count_lines(&h, "consumer.log", "event=consuming");
          t += 50) {
         usleep(50000);
     }
     FILE *f = fopen(h_path(&h, "orders.jsonl"), "w");
     assert_non_null(f);
     for (int i = 0; i < ORDERS; i++) {
-        fprintf(f, "{\"order_id\":\"ord-%d\",\"timeout\":\"4s\",\"holds\":[\"r-%d\"]}\n", i,
-                i);
+        fprintf(f, "{\"order_id\":\"ord-%d\",\"timeout\":\"4s\",\"holds\":[\"r-%d\"]}\n",
+                i, i);
     }
     fclose(f);
     assert_int_equal(
@@ -68,8 +69,9 @@ static void test_overdue_orders_cancelled_while_the_broker_is_down(void **state)
     assert_int_equal(h_node(&h, "kill"), 0);
     int64_t t_down = h_now_ms();
     assert_true(t_down < first);
-    int64_t cancelled = h_wait_sql(&h, unpaid, (int)(last - h_now_ms()) + h_ms(10000),
-                                   "SELECT count(*) FROM orders WHERE status='cancelled'");
+    int64_t cancelled =
+        h_wait_sql(&h, unpaid, (int)(last - h_now_ms()) + h_ms(10000),
+                   "SELECT count(*) FROM orders WHERE status='cancelled'");
     int64_t t_cancelled = h_now_ms();
     /* Still down: the store alone did it. */
     assert_true(h_node(&h, "status") != 0);
@@ -80,9 +82,10 @@ static void test_overdue_orders_cancelled_while_the_broker_is_down(void **state)
     assert_int_equal(h_node(&h, "restart"), 0);
     int64_t t_up = h_now_ms();
     /* Back: the events go out, the messages that survived are no-ops. */
-    assert_int_equal(h_wait_sql(&h, 0, h_ms(30000),
-                                "SELECT count(*) FROM events WHERE published_at_ms IS NULL"),
-                     0);
+    assert_int_equal(
+        h_wait_sql(&h, 0, h_ms(30000),
+                   "SELECT count(*) FROM events WHERE published_at_ms IS NULL"),
+        0);
     assert_int_equal(h_stop(consumer, SIGTERM, h_ms(10000)), 0);
     conn = h_amqp_open(&h);
     size_t tap_total = 0;
