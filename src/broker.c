@@ -2,6 +2,8 @@
  * The rabbitmq-c boundary: connect, map replies to lapse codes, confirmed publishing. */
 #include "broker_int.h"
 
+#include "headers_int.h"
+
 #include <lapse/message.h>
 
 #include <amqp_tcp_socket.h>
@@ -205,28 +207,6 @@ amqp_table_t lapse__headers_with_seq(const amqp_table_t *in, uint64_t seq,
     return t;
 }
 
-uint64_t lapse__publish_seq_of(const amqp_basic_properties_t *props) {
-    if (!(props->_flags & AMQP_BASIC_HEADERS_FLAG)) {
-        return 0;
-    }
-    size_t key_len = strlen(LAPSE_HDR_PUBLISH_SEQ);
-    for (int i = 0; i < props->headers.num_entries; i++) {
-        const amqp_table_entry_t *e = &props->headers.entries[i];
-        if (e->key.len != key_len ||
-            memcmp(e->key.bytes, LAPSE_HDR_PUBLISH_SEQ, key_len)) {
-            continue;
-        }
-        const amqp_field_value_t *v = &e->value;
-        int64_t n = v->kind == AMQP_FIELD_KIND_I64   ? v->value.i64
-                    : v->kind == AMQP_FIELD_KIND_U64 ? (int64_t)v->value.u64
-                    : v->kind == AMQP_FIELD_KIND_I32 ? (int64_t)v->value.i32
-                    : v->kind == AMQP_FIELD_KIND_U32 ? (int64_t)v->value.u32
-                                                     : 0;
-        return n > 0 ? (uint64_t)n : 0;
-    }
-    return 0;
-}
-
 /* basic.return names no delivery tag; the publish's own sequence header does. */
 static void mark_returned(lapse__broker_t *broker, uint64_t seq) {
     if (seq >= broker->first_open && seq < broker->next_tag &&
@@ -284,7 +264,7 @@ static lapse_status_t pump(lapse__broker_t *broker, int64_t timeout_ms, bool *go
             if (rc != LAPSE_OK) {
                 return rc;
             }
-            mark_returned(broker, lapse__publish_seq_of(&msg.properties));
+            mark_returned(broker, lapse__hdr_publish_seq(&msg.properties));
             amqp_destroy_message(&msg);
             return LAPSE_OK;
         }

@@ -82,9 +82,6 @@ void lapse__broker_swap_settle(lapse__broker_t *broker, lapse__settle_cb *cb,
 amqp_table_t lapse__headers_with_seq(const amqp_table_t *in, uint64_t seq,
                                      amqp_table_entry_t *out);
 
-/** The x-lapse-publish-seq header of props (any integer kind), or 0 when absent. Pure. */
-uint64_t lapse__publish_seq_of(const amqp_basic_properties_t *props);
-
 /** Read confirms until every publish up to upto_tag is settled, or timeout_ms passes
  * (LAPSE_ERR_BROKER_TIMEOUT). */
 lapse_status_t lapse__broker_wait_settled(lapse__broker_t *broker, uint64_t upto_tag,

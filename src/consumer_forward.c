@@ -4,6 +4,8 @@
  * ladder, all on the publishing connection (confirm mode), which recovers on its own. */
 #include "consumer_int.h"
 
+#include "headers_int.h"
+
 #include "publisher_int.h"
 
 #include <stdio.h>
@@ -18,18 +20,6 @@ static void on_settle(void *opaque, uint64_t tag, lapse_status_t outcome) {
     }
 }
 
-/* Headers lapse sets when parking; a replayed and re-parked message gets fresh ones. */
-static bool is_own_header(amqp_bytes_t key) {
-    static const char *const own[] = {LAPSE_HDR_REASON, LAPSE_HDR_PARKED_AT,
-                                      LAPSE_HDR_ATTEMPTS};
-    for (size_t i = 0; i < sizeof own / sizeof own[0]; i++) {
-        if (key.len == strlen(own[i]) && memcmp(key.bytes, own[i], key.len) == 0) {
-            return true;
-        }
-    }
-    return false;
-}
-
 static lapse_status_t park(lapse_consumer_t *c, delivery_t *d, lapse_error_t *err) {
     /* The parked copy keeps the body and properties and adds why it was parked. */
     amqp_basic_properties_t props = d->env.message.properties;
@@ -41,7 +31,8 @@ static lapse_status_t park(lapse_consumer_t *c, delivery_t *d, lapse_error_t *er
     }
     int n = 0;
     for (int i = 0; i < old.num_entries; i++) {
-        if (!is_own_header(old.entries[i].key)) {
+        /* A replayed and re-parked message gets fresh parking headers. */
+        if (!lapse__hdr_is_parking(old.entries[i].key)) {
             entries[n++] = old.entries[i];
         }
     }

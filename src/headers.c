@@ -127,3 +127,8 @@ void lapse__hdr_reason(const amqp_basic_properties_t *props, char *buf, size_t c
     memcpy(buf, v->value.bytes.bytes, n);
     buf[n] = '\0';
 }
+
+bool lapse__hdr_is_parking(amqp_bytes_t key) {
+    return key_is(key, LAPSE_HDR_REASON) || key_is(key, LAPSE_HDR_PARKED_AT) ||
+           key_is(key, LAPSE_HDR_ATTEMPTS);
+}

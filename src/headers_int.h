@@ -35,6 +35,10 @@ int64_t lapse__hdr_parked_at_ms(const amqp_basic_properties_t *props);
 /** x-lapse-deadline-ms, or -1 when absent. */
 int64_t lapse__hdr_deadline_ms(const amqp_basic_properties_t *props);
 
+/** Whether key is one of the headers parking sets (x-lapse-reason, x-lapse-parked-at-ms,
+ *  x-lapse-attempts): a re-park replaces them, a replay removes them. */
+bool lapse__hdr_is_parking(amqp_bytes_t key);
+
 /** x-lapse-reason as text (bytes or string kind) into buf, "" when absent. */
 void lapse__hdr_reason(const amqp_basic_properties_t *props, char *buf, size_t cap);
 

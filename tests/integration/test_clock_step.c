@@ -44,6 +44,26 @@ static void set_offset(h_ctx_t *h, const char *offset) {
     assert_int_equal(rename(tmp, path), 0);
 }
 
+/* The step the consumer logged (event=clock_step step_ms=N); 0 when none, and the test
+ * fails when it logged more than one. */
+static long long logged_step(h_ctx_t *h) {
+    FILE *f = fopen(h_path(h, "consumer.log"), "r");
+    assert_non_null(f);
+    char line[1024];
+    long long step = 0;
+    int n = 0;
+    while (fgets(line, sizeof line, f)) {
+        const char *p = strstr(line, "event=clock_step step_ms=");
+        if (p) {
+            step = atoll(p + strlen("event=clock_step step_ms="));
+            n++;
+        }
+    }
+    fclose(f);
+    assert_true(n <= 1);
+    return step;
+}
+
 static pid_t spawn_stepped_consumer(h_ctx_t *h, const char *const *args) {
     assert_true(h_faketime_available());
     /* A queue for the events, so that they have somewhere to go. */
@@ -112,9 +132,9 @@ static void test_wall_clock_steps_forward(void **state) {
     h_laws_t laws;
     h_check_laws(&h, logs, watch, &laws);
     char extra[256];
+    long long step = logged_step(&h);
     snprintf(extra, sizeof extra,
-             "step_s=+300 clock_steps=%zu probes=%zu runtime_ms=%lld",
-             h_count_lines(&h, "consumer.log", "event=clock_step step_ms=3"),
+             "step_s=+300 logged_step_ms=%lld probes=%zu runtime_ms=%lld", step,
              h_count_lines(&h, "consumer.log", "event=clock_probe "),
              (long long)(h_now_ms() - t0));
     h_print_matrix("clock+", &laws, extra);
@@ -126,7 +146,7 @@ static void test_wall_clock_steps_forward(void **state) {
     assert_int_equal(h_sql_int(&h, "SELECT count(*) FROM orders WHERE status='cancelled' "
                                    "AND cancelled_at_ms < deadline_ms"),
                      0);
-    assert_int_equal(h_count_lines(&h, "consumer.log", "event=clock_step step_ms=3"), 1);
+    assert_true(step > 299000 && step < 301000);
     /* Probed at the start and again after the step. */
     assert_true(h_count_lines(&h, "consumer.log", "event=clock_probe ") >= 2);
     h_teardown(&h);
@@ -198,7 +218,8 @@ static void test_wall_clock_steps_back(void **state) {
     H_ASSERT_LAWS(laws);
     assert_int_equal(laws.paid, (int64_t)paid);
     assert_int_equal(laws.cancelled, unpaid);
-    assert_int_equal(h_count_lines(&h, "consumer.log", "event=clock_step step_ms=-6"), 1);
+    long long step = logged_step(&h);
+    assert_true(step < -59000 && step > -61000);
     assert_int_equal(h_count_lines(&h, "consumer.log", "event=out_connection_lost"), 0);
     assert_int_equal(h_count_lines(&h, "consumer.log", "event=reconnect"), 0);
     h_teardown(&h);
