@@ -2,6 +2,8 @@
  * The rabbitmq-c boundary: connect, map replies to lapse codes, confirmed publishing. */
 #include "broker_int.h"
 
+#include "headers_int.h"
+
 #include <lapse/message.h>
 
 #include <amqp_tcp_socket.h>
@@ -205,28 +207,6 @@ amqp_table_t lapse__headers_with_seq(const amqp_table_t *in, uint64_t seq,
     return t;
 }
 
-uint64_t lapse__publish_seq_of(const amqp_basic_properties_t *props) {
-    if (!(props->_flags & AMQP_BASIC_HEADERS_FLAG)) {
-        return 0;
-    }
-    size_t key_len = strlen(LAPSE_HDR_PUBLISH_SEQ);
-    for (int i = 0; i < props->headers.num_entries; i++) {
-        const amqp_table_entry_t *e = &props->headers.entries[i];
-        if (e->key.len != key_len ||
-            memcmp(e->key.bytes, LAPSE_HDR_PUBLISH_SEQ, key_len)) {
-            continue;
-        }
-        const amqp_field_value_t *v = &e->value;
-        int64_t n = v->kind == AMQP_FIELD_KIND_I64   ? v->value.i64
-                    : v->kind == AMQP_FIELD_KIND_U64 ? (int64_t)v->value.u64
-                    : v->kind == AMQP_FIELD_KIND_I32 ? (int64_t)v->value.i32
-                    : v->kind == AMQP_FIELD_KIND_U32 ? (int64_t)v->value.u32
-                                                     : 0;
-        return n > 0 ? (uint64_t)n : 0;
-    }
-    return 0;
-}
-
 /* basic.return names no delivery tag; the publish's own sequence header does. */
 static void mark_returned(lapse__broker_t *broker, uint64_t seq) {
     if (seq >= broker->first_open && seq < broker->next_tag &&
@@ -284,7 +264,7 @@ static lapse_status_t pump(lapse__broker_t *broker, int64_t timeout_ms, bool *go
             if (rc != LAPSE_OK) {
                 return rc;
             }
-            mark_returned(broker, lapse__publish_seq_of(&msg.properties));
+            mark_returned(broker, lapse__hdr_publish_seq(&msg.properties));
             amqp_destroy_message(&msg);
             return LAPSE_OK;
         }
@@ -465,4 +445,147 @@ void lapse__broker_close(lapse__broker_t *broker) {
     broker->conn = NULL;
     broker->open = false;
     broker->confirms = false;
+}
+
+/* ---- the consuming side: consume, ack, qos, get, and the frames in between -----------
+ */
+
+lapse_status_t lapse__broker_qos(lapse__broker_t *broker, uint16_t prefetch,
+                                 lapse_error_t *err) {
+    amqp_basic_qos(broker->conn, LAPSE__CHANNEL, 0, prefetch, 0);
+    return lapse__broker_reply(broker, amqp_get_rpc_reply(broker->conn), "basic.qos",
+                               err);
+}
+
+lapse_status_t lapse__broker_consume(lapse__broker_t *broker, const char *queue,
+                                     const char *tag, lapse_error_t *err) {
+    amqp_basic_consume(broker->conn, LAPSE__CHANNEL, amqp_cstring_bytes(queue),
+                       amqp_cstring_bytes(tag), 0, 0, 0, amqp_empty_table);
+    return lapse__broker_reply(broker, amqp_get_rpc_reply(broker->conn), "basic.consume",
+                               err);
+}
+
+/* The one place a frame that is not a delivery is handled on a consuming connection (as
+ * rabbitmq-c's amqp_consumer.c example does): a close is answered with its close-ok and
+ * ends the session; a basic.cancel (the queue was deleted) ends it too; anything else
+ * (a heartbeat, a late reply) is let go. */
+static lapse_status_t unexpected_frame(lapse__broker_t *broker, lapse_error_t *err) {
+    amqp_frame_t frame;
+    int st = amqp_simple_wait_frame(broker->conn, &frame);
+    if (st != AMQP_STATUS_OK) {
+        broker->open = false;
+        return lapse_error_set(err, LAPSE_ERR_BROKER_CLOSED, "consume: %s",
+                               amqp_error_string2(st));
+    }
+    if (frame.frame_type != AMQP_FRAME_METHOD) {
+        return LAPSE_OK;
+    }
+    switch (frame.payload.method.id) {
+        case AMQP_CHANNEL_CLOSE_METHOD: {
+            amqp_channel_close_t *m = frame.payload.method.decoded;
+            amqp_channel_close_ok_t ok = {0};
+            amqp_send_method(broker->conn, frame.channel, AMQP_CHANNEL_CLOSE_OK_METHOD,
+                             &ok);
+            return server_close(broker, "consume", m->reply_code, m->reply_text, false,
+                                err);
+        }
+        case AMQP_CONNECTION_CLOSE_METHOD: {
+            amqp_connection_close_t *m = frame.payload.method.decoded;
+            amqp_connection_close_ok_t ok = {0};
+            amqp_send_method(broker->conn, 0, AMQP_CONNECTION_CLOSE_OK_METHOD, &ok);
+            return server_close(broker, "consume", m->reply_code, m->reply_text, true,
+                                err);
+        }
+        case AMQP_BASIC_CANCEL_METHOD:
+            return lapse_error_set(err, LAPSE_ERR_BROKER_CLOSED,
+                                   "consume: the broker cancelled the consumer");
+        default:
+            return LAPSE_OK;
+    }
+}
+
+lapse_status_t lapse__broker_consume_next(lapse__broker_t *broker, amqp_envelope_t *env,
+                                          int64_t timeout_ms, bool *got,
+                                          lapse_error_t *err) {
+    *got = false;
+    if (timeout_ms < 0) {
+        timeout_ms = 0;
+    }
+    struct timeval tv = {.tv_sec = timeout_ms / 1000,
+                         .tv_usec = (suseconds_t)((timeout_ms % 1000) * 1000)};
+    amqp_rpc_reply_t r = amqp_consume_message(broker->conn, env, &tv, 0);
+    if (r.reply_type == AMQP_RESPONSE_NORMAL) {
+        *got = true;
+        return LAPSE_OK;
+    }
+    if (r.reply_type == AMQP_RESPONSE_LIBRARY_EXCEPTION &&
+        r.library_error == AMQP_STATUS_TIMEOUT) {
+        return LAPSE_OK;
+    }
+    if (r.reply_type == AMQP_RESPONSE_LIBRARY_EXCEPTION &&
+        r.library_error == AMQP_STATUS_UNEXPECTED_STATE) {
+        return unexpected_frame(broker, err);
+    }
+    return lapse__broker_reply(broker, r, "consume", err);
+}
+
+void lapse__broker_envelope_clear(lapse__broker_t *broker, amqp_envelope_t *env) {
+    amqp_destroy_envelope(env);
+    if (broker->conn) {
+        amqp_maybe_release_buffers(broker->conn);
+    }
+}
+
+lapse_status_t lapse__broker_ack(lapse__broker_t *broker, uint64_t tag, bool multiple,
+                                 lapse_error_t *err) {
+    int st = amqp_basic_ack(broker->conn, LAPSE__CHANNEL, tag, multiple ? 1 : 0);
+    if (st != AMQP_STATUS_OK) {
+        broker->open = false;
+        return lapse_error_set(err, LAPSE_ERR_BROKER_CLOSED, "ack: %s",
+                               amqp_error_string2(st));
+    }
+    return LAPSE_OK;
+}
+
+void lapse__broker_set_rpc_timeout(lapse__broker_t *broker, int64_t timeout_ms) {
+    if (timeout_ms < 1) {
+        timeout_ms = 1;
+    }
+    struct timeval tv = {.tv_sec = timeout_ms / 1000,
+                         .tv_usec = (suseconds_t)((timeout_ms % 1000) * 1000)};
+    amqp_set_rpc_timeout(broker->conn, &tv);
+}
+
+lapse_status_t lapse__broker_declare_private(lapse__broker_t *broker,
+                                             const amqp_table_t *args, char *name,
+                                             size_t cap, lapse_error_t *err) {
+    amqp_queue_declare_ok_t *ok =
+        amqp_queue_declare(broker->conn, LAPSE__CHANNEL, amqp_empty_bytes, 0, 0, 1, 1,
+                           args ? *args : amqp_empty_table);
+    lapse_status_t rc = lapse__broker_reply(broker, amqp_get_rpc_reply(broker->conn),
+                                            "queue.declare", err);
+    if (rc == LAPSE_OK && ok) {
+        lapse__bytes_to_str(ok->queue, name, cap);
+    }
+    return rc;
+}
+
+lapse_status_t lapse__broker_get(lapse__broker_t *broker, const char *queue,
+                                 amqp_message_t *msg, bool *got, lapse_error_t *err) {
+    *got = false;
+    amqp_rpc_reply_t r =
+        amqp_basic_get(broker->conn, LAPSE__CHANNEL, amqp_cstring_bytes(queue), 1);
+    lapse_status_t rc = lapse__broker_reply(broker, r, "basic.get", err);
+    if (rc != LAPSE_OK || r.reply.id != AMQP_BASIC_GET_OK_METHOD) {
+        return rc; /* get-empty: nothing there yet */
+    }
+    rc = lapse__broker_reply(broker,
+                             amqp_read_message(broker->conn, LAPSE__CHANNEL, msg, 0),
+                             "basic.get", err);
+    *got = rc == LAPSE_OK;
+    return rc;
+}
+
+void lapse__broker_message_clear(amqp_message_t *msg) {
+    amqp_destroy_message(msg);
 }

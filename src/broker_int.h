@@ -82,9 +82,6 @@ void lapse__broker_swap_settle(lapse__broker_t *broker, lapse__settle_cb *cb,
 amqp_table_t lapse__headers_with_seq(const amqp_table_t *in, uint64_t seq,
                                      amqp_table_entry_t *out);
 
-/** The x-lapse-publish-seq header of props (any integer kind), or 0 when absent. Pure. */
-uint64_t lapse__publish_seq_of(const amqp_basic_properties_t *props);
-
 /** Read confirms until every publish up to upto_tag is settled, or timeout_ms passes
  * (LAPSE_ERR_BROKER_TIMEOUT). */
 lapse_status_t lapse__broker_wait_settled(lapse__broker_t *broker, uint64_t upto_tag,
@@ -103,6 +100,50 @@ lapse_status_t lapse__broker_poll(lapse__broker_t *broker, int64_t timeout_ms,
 
 /** Unsettled publishes. */
 size_t lapse__broker_unsettled(const lapse__broker_t *broker);
+
+/** basic.qos on channel 1: at most prefetch unacked deliveries. */
+lapse_status_t lapse__broker_qos(lapse__broker_t *broker, uint16_t prefetch,
+                                 lapse_error_t *err);
+
+/** basic.consume from queue with manual acks; tag (borrowed) is the consumer tag. */
+lapse_status_t lapse__broker_consume(lapse__broker_t *broker, const char *queue,
+                                     const char *tag, lapse_error_t *err);
+
+/**
+ * Wait up to timeout_ms for the next delivery. LAPSE_OK with *got = true: env is filled
+ * (new: release it with lapse__broker_envelope_clear); LAPSE_OK with *got = false: none
+ * came in time, or a frame that needs nothing came instead. A channel.close or
+ * connection.close is answered with its close-ok and returned as
+ * LAPSE_ERR_BROKER_CLOSED (LAPSE_ERR_BROKER_LOGIN for a connection closed with 403/530),
+ * as is a basic.cancel from the broker.
+ */
+lapse_status_t lapse__broker_consume_next(lapse__broker_t *broker, amqp_envelope_t *env,
+                                          int64_t timeout_ms, bool *got,
+                                          lapse_error_t *err);
+
+/** Release a delivery taken with lapse__broker_consume_next. */
+void lapse__broker_envelope_clear(lapse__broker_t *broker, amqp_envelope_t *env);
+
+/** Ack tag (and, with multiple, every delivery before it). */
+lapse_status_t lapse__broker_ack(lapse__broker_t *broker, uint64_t tag, bool multiple,
+                                 lapse_error_t *err);
+
+/** Replace the 30 s timeout of synchronous RPCs (declare, get, close). */
+void lapse__broker_set_rpc_timeout(lapse__broker_t *broker, int64_t timeout_ms);
+
+/** Declare a server-named, exclusive, auto-delete queue with args (borrowed, optional);
+ *  its name goes to name. */
+lapse_status_t lapse__broker_declare_private(lapse__broker_t *broker,
+                                             const amqp_table_t *args, char *name,
+                                             size_t cap, lapse_error_t *err);
+
+/** basic.get with no_ack from queue: *got says whether a message came; then msg is new
+ *  (release it with lapse__broker_message_clear). */
+lapse_status_t lapse__broker_get(lapse__broker_t *broker, const char *queue,
+                                 amqp_message_t *msg, bool *got, lapse_error_t *err);
+
+/** Release a message taken with lapse__broker_get. */
+void lapse__broker_message_clear(amqp_message_t *msg);
 
 /** An AMQP table entry with a string / int64 value; k and v are borrowed. */
 amqp_table_entry_t lapse__entry_str(const char *k, const char *v);

@@ -263,24 +263,6 @@ static lapse_status_t set_classes(lapse_config_t *cfg, const char *value,
     return LAPSE_OK;
 }
 
-static lapse_status_t set_clock_skew(lapse_config_t *cfg, const char *value,
-                                     lapse_error_t *err) {
-    int64_t skew = 0;
-    /* "0" turns the hook off again; a duration alone cannot be zero. */
-    if (strcmp(value, "0") != 0) {
-        bool negative = value[0] == '-';
-        if (lapse_duration_parse(value + negative, &skew) != LAPSE_OK) {
-            return lapse_error_set(err, LAPSE_ERR_CONFIG_DURATION,
-                                   "clock_skew \"%s\" is not a duration, e.g. -90s",
-                                   value);
-        }
-        skew = negative ? -skew : skew;
-    }
-    cfg->clock_skew_ms = skew;
-    lapse_clock_set_skew_ms(skew);
-    return LAPSE_OK;
-}
-
 static lapse_status_t set_queue_type(lapse_config_t *cfg, const char *value,
                                      lapse_error_t *err) {
     if (strcmp(value, "classic") != 0 && strcmp(value, "quorum") != 0) {
@@ -349,10 +331,6 @@ static const prop_t props[] = {
      0, NULL, NULL, NULL},
     {"events_queue", "LAPSE_EVENTS_QUEUE", "", PROP_CUSTOM, FIELD(events_queue), 0, 0,
      NULL, set_events_queue, NULL},
-    /* A test hook with a process-wide side effect (the clock), so it has no variable and
-     * no default: a new config must not reset a skew another config set. */
-    {"clock_skew", NULL, NULL, PROP_SPAN, FIELD(clock_skew_ms), 0, 0, NULL,
-     set_clock_skew, NULL},
 };
 
 #undef FIELD
@@ -434,8 +412,7 @@ lapse_status_t lapse_config_from_env(lapse_config_t *cfg, lapse_error_t *err) {
         return lapse_error_set(err, LAPSE_ERR_INVALID, "no config");
     }
     /* All or nothing, like lapse_config_set: apply to a copy, keep it only if every
-     * variable was valid. Only clock_skew has a side effect outside cfg, and it has no
-     * variable. */
+     * variable was valid. */
     lapse_config_t next = *cfg;
     for (size_t i = 0; i < sizeof props / sizeof props[0]; i++) {
         const char *value = props[i].env != NULL ? getenv(props[i].env) : NULL;

@@ -1,5 +1,8 @@
 /* SPDX-License-Identifier: MIT
- * Consumer: batches of expired messages -> one store transaction -> one multiple ack. */
+ * Consumer: taking and deciding. Batches of expired messages -> the facts of each ->
+ * decision.c's verdict -> one store transaction -> forwards confirmed -> one multiple
+ * ack; reconnect with backoff, and the sweep's direct cancels while the broker is down.
+ */
 #include "consumer_int.h"
 
 #include "publisher_int.h"
@@ -34,7 +37,7 @@ lapse_consumer_t *lapse_consumer_new(const lapse_config_t *cfg, lapse_store_t *s
         return NULL;
     }
     lapse__topology_build(cfg, &c->topo);
-    c->skew = (skew_t){.current = INT64_MAX, .previous = INT64_MAX};
+    lapse__clock_init(&c->clock);
     /* Shown in the management UI for both connections and as the consumer tag. */
     char host[64] = "?";
     gethostname(host, sizeof host - 1);
@@ -49,12 +52,9 @@ void lapse_consumer_get_stats(const lapse_consumer_t *c, lapse_consumer_stats_t 
 
 static void drop_batch(lapse_consumer_t *c) {
     for (size_t i = 0; i < c->n; i++) {
-        amqp_destroy_envelope(&c->batch[i].env);
+        lapse__broker_envelope_clear(&c->in, &c->batch[i].env);
     }
     c->n = 0;
-    if (c->in.conn) {
-        amqp_maybe_release_buffers(c->in.conn);
-    }
 }
 
 void lapse_consumer_free(lapse_consumer_t *c) {
@@ -75,62 +75,19 @@ void lapse_consumer_free(lapse_consumer_t *c) {
     free(c);
 }
 
-/* Handle a frame that is not a delivery on the consuming connection. */
-static lapse_status_t unexpected_frame(lapse_consumer_t *c, lapse_error_t *err) {
-    amqp_frame_t frame;
-    int st = amqp_simple_wait_frame(c->in.conn, &frame);
-    if (st != AMQP_STATUS_OK) {
-        c->in.open = false;
-        return lapse_error_set(err, LAPSE_ERR_BROKER_CLOSED, "consume: %s",
-                               amqp_error_string2(st));
-    }
-    if (frame.frame_type != AMQP_FRAME_METHOD) {
-        return LAPSE_OK;
-    }
-    switch (frame.payload.method.id) {
-        case AMQP_CHANNEL_CLOSE_METHOD: {
-            amqp_channel_close_t *m = frame.payload.method.decoded;
-            char text[128];
-            lapse__bytes_to_str(m->reply_text, text, sizeof text);
-            amqp_channel_close_ok_t ok = {0};
-            amqp_send_method(c->in.conn, frame.channel, AMQP_CHANNEL_CLOSE_OK_METHOD,
-                             &ok);
-            c->in.open = false;
-            return lapse_error_set(err, LAPSE_ERR_BROKER_CLOSED,
-                                   "consume: broker closed the channel: %u %s",
-                                   m->reply_code, text);
-        }
-        case AMQP_CONNECTION_CLOSE_METHOD: {
-            amqp_connection_close_t *m = frame.payload.method.decoded;
-            char text[128];
-            lapse__bytes_to_str(m->reply_text, text, sizeof text);
-            amqp_connection_close_ok_t ok = {0};
-            amqp_send_method(c->in.conn, 0, AMQP_CONNECTION_CLOSE_OK_METHOD, &ok);
-            c->in.open = false;
-            return lapse_error_set(err, LAPSE_ERR_BROKER_CLOSED,
-                                   "consume: broker closed the connection: %u %s",
-                                   m->reply_code, text);
-        }
-        case AMQP_BASIC_CANCEL_METHOD:
-            /* The queue was deleted: resume on a fresh connection once it is back. */
-            return lapse_error_set(err, LAPSE_ERR_BROKER_CLOSED,
-                                   "consume: the broker cancelled the consumer");
-        default:
-            return LAPSE_OK;
-    }
-}
-
 /* Wait for one delivery (up to CONSUMER_IDLE_WAIT_MS), then take more for up to
- * CONSUMER_BATCH_WINDOW_MS or until the batch holds prefetch deliveries. */
+ * CONSUMER_BATCH_WINDOW_MS or until the batch holds prefetch deliveries. Monotonic: a
+ * wall clock stepping back must not hold a partial batch unacked. */
 static lapse_status_t collect(lapse_consumer_t *c, lapse_error_t *err) {
     int64_t started = 0;
     while (c->n < c->cap) {
+        int64_t now = lapse__mono_ms();
         int64_t wait_ms = CONSUMER_IDLE_WAIT_MS;
         if (c->n == 0 && c->n_owed > 0) { /* owed events must not wait for traffic */
-            int64_t due = c->owed_since + CONSUMER_EVENTS_DELAY_MS;
+            int64_t due = lapse__time_add(c->owed_since, CONSUMER_EVENTS_DELAY_MS);
             int64_t backoff = lapse__consumer_owed_due(c);
             due = backoff > due ? backoff : due;
-            int64_t until_due = due - lapse_clock_now_ms();
+            int64_t until_due = due - now;
             if (until_due <= 0) {
                 break;
             }
@@ -138,108 +95,30 @@ static lapse_status_t collect(lapse_consumer_t *c, lapse_error_t *err) {
                 until_due < CONSUMER_IDLE_WAIT_MS ? until_due : CONSUMER_IDLE_WAIT_MS;
         }
         if (c->n > 0) {
-            wait_ms = CONSUMER_BATCH_WINDOW_MS - (lapse_clock_now_ms() - started);
+            wait_ms = CONSUMER_BATCH_WINDOW_MS - (now - started);
             if (wait_ms <= 0) {
                 break;
             }
         }
-        struct timeval tv = {.tv_sec = wait_ms / 1000,
-                             .tv_usec = (suseconds_t)((wait_ms % 1000) * 1000)};
         delivery_t *d = &c->batch[c->n];
-        amqp_rpc_reply_t r = amqp_consume_message(c->in.conn, &d->env, &tv, 0);
-        if (r.reply_type == AMQP_RESPONSE_NORMAL) {
-            if (c->n++ == 0) {
-                started = lapse_clock_now_ms();
+        bool got = false;
+        lapse_status_t rc =
+            lapse__broker_consume_next(&c->in, &d->env, wait_ms, &got, err);
+        if (rc != LAPSE_OK) {
+            return rc;
+        }
+        if (!got) {
+            if (c->n == 0 || lapse__mono_ms() - started >= CONSUMER_BATCH_WINDOW_MS) {
+                break;
             }
-            continue;
+            continue; /* a frame that needed nothing: the window is not over yet */
         }
-        if (r.reply_type == AMQP_RESPONSE_LIBRARY_EXCEPTION &&
-            r.library_error == AMQP_STATUS_TIMEOUT) {
-            break;
+        d->received_mono = lapse__mono_ms();
+        if (c->n++ == 0) {
+            started = d->received_mono;
         }
-        if (r.reply_type == AMQP_RESPONSE_LIBRARY_EXCEPTION &&
-            r.library_error == AMQP_STATUS_UNEXPECTED_STATE) {
-            lapse_status_t rc = unexpected_frame(c, err);
-            if (rc != LAPSE_OK) {
-                return rc;
-            }
-            continue;
-        }
-        return lapse__broker_reply(&c->in, r, "consume", err);
     }
     return LAPSE_OK;
-}
-
-/* The x-lapse-attempts header (failed attempts so far), 0 when absent. */
-static int attempts_of(const amqp_basic_properties_t *props) {
-    if (!(props->_flags & AMQP_BASIC_HEADERS_FLAG)) {
-        return 0;
-    }
-    for (int i = 0; i < props->headers.num_entries; i++) {
-        const amqp_table_entry_t *h = &props->headers.entries[i];
-        if (h->key.len == strlen(LAPSE_HDR_ATTEMPTS) &&
-            memcmp(h->key.bytes, LAPSE_HDR_ATTEMPTS, h->key.len) == 0) {
-            int64_t v = h->value.kind == AMQP_FIELD_KIND_I64   ? h->value.value.i64
-                        : h->value.kind == AMQP_FIELD_KIND_I32 ? h->value.value.i32
-                        : h->value.kind == AMQP_FIELD_KIND_U8  ? h->value.value.u8
-                                                               : 0;
-            return v < 0 ? 0 : v > 1000000 ? 1000000 : (int)v;
-        }
-    }
-    return 0;
-}
-
-/* Never early, even with a local clock that runs ahead of the broker's: a message the
- * broker dead-lettered at broker time T (x-death) is received at broker time >= T, so
- * local_now - T bounds from above how far the local clock is ahead. The smallest such
- * sample of the last minute or two is the bound; once it exceeds the resolution of T,
- * "now" is taken as local_now - bound, which is never later than the broker's now.
- * Every delivery is sampled. One that waited in a backlog adds its wait to its sample,
- * so after a backlog some on-time messages look early and take one more trip down the
- * ladder: late, never early. (Sampling only deliveries that found the queue empty was
- * tried and dropped: a batch with no such delivery then had no bound at all, and the
- * ladder test d caught an order cancelled 2 s early.) */
-static int64_t effective_now(lapse_consumer_t *c, int64_t local_now) {
-    skew_t *s = &c->skew;
-    if (local_now - s->bucket_at >= CONSUMER_SKEW_BUCKET_MS) {
-        /* A bucket without samples (a long backlog) keeps the last bound known. */
-        if (s->current != INT64_MAX) {
-            s->previous = s->current;
-        }
-        s->current = INT64_MAX;
-        s->bucket_at = local_now;
-    }
-    for (size_t i = 0; i < c->n; i++) {
-        delivery_t *d = &c->batch[i];
-        int64_t at = lapse__dead_lettered_at_ms(&d->env.message.properties);
-        d->undated = at < 0;
-        d->attempts = attempts_of(&d->env.message.properties);
-        if (at >= 0) {
-            lapse__consumer_skew_sample(c, local_now - at);
-        }
-    }
-    int64_t bound = lapse__consumer_skew_bound(c);
-    if (bound == 0) {
-        if (c->skew_logged != 0) {
-            c->skew_logged = 0;
-            lapse__log(c->cfg, LAPSE_LOG_INFO, "event=clock_skew ahead_by_up_to_ms=0");
-        }
-        return local_now;
-    }
-    if (bound / 1000 != c->skew_logged / 1000) {
-        c->skew_logged = bound;
-        lapse__log(c->cfg, LAPSE_LOG_WARN,
-                   "event=clock_skew ahead_by_up_to_ms=%lld note=\"deadlines are checked "
-                   "against the broker's clock\"",
-                   (long long)bound);
-    }
-    return local_now - bound;
-}
-
-int64_t lapse__consumer_skew_bound(const lapse_consumer_t *c) {
-    int64_t bound =
-        c->skew.current < c->skew.previous ? c->skew.current : c->skew.previous;
-    return bound == INT64_MAX || bound <= CONSUMER_SKEW_TOLERANCE_MS ? 0 : bound;
 }
 
 /* Cancel items (the due ones) in one transaction; a busy store is retried a little. */
@@ -307,12 +186,13 @@ static lapse_status_t settle_items(lapse_consumer_t *c, size_t first, size_t n,
     return LAPSE_OK;
 }
 
-/* Classify every delivery; cancel the due ones in one transaction. */
-static lapse_status_t decide(lapse_consumer_t *c, int64_t now,
-                             const volatile sig_atomic_t *stop, lapse_error_t *err) {
-    /* Dated deliveries first, undated ones after them. */
+/* Decode every delivery; settle the decoded ones in the store, dated ones by now and
+ * undated ones after them by LAPSE__NOTHING_DUE. */
+static lapse_status_t settle(lapse_consumer_t *c, int64_t now,
+                             const volatile sig_atomic_t *stop, size_t *n_items,
+                             lapse_error_t *err) {
     size_t n_dated = 0;
-    size_t n_items = 0;
+    *n_items = 0;
     for (int pass = 0; pass < 2; pass++) {
         for (size_t i = 0; i < c->n; i++) {
             delivery_t *d = &c->batch[i];
@@ -324,106 +204,151 @@ static lapse_status_t decide(lapse_consumer_t *c, int64_t now,
             /* Slots are reused across batches and decode leaves msg alone on failure:
              * clear it, or a parked line would name the order of an earlier delivery. */
             memset(&d->msg, 0, sizeof d->msg);
-            if (lapse_expiry_msg_decode(body.bytes, body.len, &d->msg, &derr) !=
-                LAPSE_OK) {
-                d->action = ACT_PARK;
+            d->reason[0] = '\0';
+            d->decoded =
+                lapse_expiry_msg_decode(body.bytes, body.len, &d->msg, &derr) == LAPSE_OK;
+            if (!d->decoded) {
                 snprintf(d->reason, sizeof d->reason, "%s: %s",
                          lapse_status_name(derr.code), derr.text);
-            } else {
-                /* The store's deadline decides, not the message's: a forged or stale
-                 * deadline can neither cancel early nor hold a message back. */
-                d->action = ACT_CANCEL;
-                c->items[n_items] = (lapse_cancel_item_t){.order_id = d->msg.order_id};
-                c->item_of[n_items++] = i;
+                continue;
             }
+            /* The store's deadline decides, not the message's: a forged or stale
+             * deadline can neither cancel early nor hold a message back. */
+            c->items[*n_items] = (lapse_cancel_item_t){.order_id = d->msg.order_id};
+            c->item_of[(*n_items)++] = i;
         }
         if (pass == 0) {
-            n_dated = n_items;
+            n_dated = *n_items;
         }
     }
     lapse_status_t rc = settle_items(c, 0, n_dated, now, stop, err);
     /* A message the broker never held (published straight into the expired exchange,
      * e.g. a replay by hand) has no broker time to check its deadline against: it is
-     * not cancelled on arrival but goes once down the ladder (now 0: pending orders come
-     * back as early; paid, cancelled and unknown ones are settled as usual). */
+     * not cancelled on arrival but goes once down the ladder (pending orders come back
+     * as early; paid, cancelled and unknown ones are settled as usual). */
     if (rc == LAPSE_OK) {
-        rc = settle_items(c, n_dated, n_items - n_dated, 0, stop, err);
+        rc = settle_items(c, n_dated, *n_items - n_dated, LAPSE__NOTHING_DUE, stop, err);
     }
-    if (rc != LAPSE_OK) {
-        return rc;
+    return rc;
+}
+
+/* Gather the facts of every delivery and have decision.c decide; log what needs no
+ * forward. The consumer decides nothing itself. */
+static void decide(lapse_consumer_t *c, int64_t now, size_t n_items) {
+    for (size_t i = 0; i < c->n; i++) {
+        delivery_t *d = &c->batch[i];
+        if (!d->decoded) {
+            lapse__facts_t f = {.decoded = false,
+                                .attempts = d->attempts,
+                                .max_attempts = c->cfg->max_attempts};
+            lapse__decide(&f, &d->verdict);
+        }
     }
     c->n_seqs = 0;
     for (size_t k = 0; k < n_items; k++) {
         const lapse_cancel_item_t *it = &c->items[k];
         delivery_t *d = &c->batch[c->item_of[k]];
-        if (c->item_failed[k]) {
-            d->action = ACT_RETRY;
-            continue;
-        }
-        switch (it->outcome) {
-            case LAPSE_CANCEL_DONE:
-                d->action = ACT_DONE;
+        lapse__facts_t f = {.decoded = true,
+                            .undated = d->undated,
+                            .settled = !c->item_failed[k],
+                            .outcome = it->outcome,
+                            .deadline_ms = it->deadline_ms,
+                            .now_ms = now,
+                            .attempts = d->attempts,
+                            .max_attempts = c->cfg->max_attempts};
+        lapse__decide(&f, &d->verdict);
+        d->deadline_ms = it->deadline_ms;
+        switch (d->verdict.action) {
+            case LAPSE__ACT_CANCELLED:
                 c->seqs[c->n_seqs++] = it->event_seq;
                 c->stats.cancelled++;
                 lapse__log(c->cfg, LAPSE_LOG_INFO,
                            "event=decision order_id=%s decision=cancelled lag_ms=%lld "
                            "redelivered=%d",
-                           it->order_id, (long long)(now - it->deadline_ms),
+                           it->order_id,
+                           (long long)lapse__time_add(now, -it->deadline_ms),
                            d->env.redelivered ? 1 : 0);
                 break;
-            case LAPSE_CANCEL_NOOP_PAID:
-            case LAPSE_CANCEL_NOOP_CANCELLED:
-                d->action = ACT_DONE;
+            case LAPSE__ACT_NOOP:
                 c->stats.noops++;
                 lapse__log(c->cfg, LAPSE_LOG_INFO,
                            "event=decision order_id=%s decision=%s redelivered=%d",
                            it->order_id, lapse_cancel_outcome_name(it->outcome),
                            d->env.redelivered ? 1 : 0);
                 break;
-            case LAPSE_CANCEL_EARLY:
-                d->action = ACT_EARLY;
-                d->deadline_ms = it->deadline_ms;
+            case LAPSE__ACT_PARK:
+                if (d->verdict.why == LAPSE__WHY_UNKNOWN) {
+                    snprintf(d->reason, sizeof d->reason, "unknown order: %s",
+                             it->order_id);
+                }
                 break;
-            case LAPSE_CANCEL_UNKNOWN:
-                d->action = ACT_PARK;
-                snprintf(d->reason, sizeof d->reason, "unknown order: %s", it->order_id);
+            case LAPSE__ACT_EARLY:
+            case LAPSE__ACT_RETRY:
                 break;
         }
     }
-    return LAPSE_OK;
 }
 
 static lapse_status_t process(lapse_consumer_t *c, const volatile sig_atomic_t *stop,
                               lapse_error_t *err) {
-    int64_t now = effective_now(c, lapse_clock_now_ms());
+    lapse__consumer_observe_clock(c);
+    /* The decision clock: the wall clock bounded by the broker's (decision.c). It is
+     * also what the store writes as cancelled_at, so the record shows the time the
+     * decision was made by. */
+    int64_t now = lapse__consumer_sample_batch(c);
     c->stats.deliveries += c->n;
-    lapse_status_t rc = decide(c, now, stop, err);
+    size_t n_items = 0;
+    lapse_status_t rc = settle(c, now, stop, &n_items, err);
+    if (rc != LAPSE_OK) {
+        return rc; /* nothing acked: the broker redelivers the batch */
+    }
+    decide(c, now, n_items);
     bool forwards = false;
     for (size_t i = 0; i < c->n; i++) {
-        forwards |= c->batch[i].action == ACT_PARK || c->batch[i].action == ACT_EARLY ||
-                    c->batch[i].action == ACT_RETRY;
+        lapse__action_t a = c->batch[i].verdict.action;
+        forwards |=
+            a == LAPSE__ACT_PARK || a == LAPSE__ACT_EARLY || a == LAPSE__ACT_RETRY;
     }
-    if (rc == LAPSE_OK && forwards) {
+    if (forwards) {
         rc = lapse__consumer_ensure_out(c, err);
     }
     if (rc == LAPSE_OK && forwards) {
-        rc = lapse__consumer_forward(c, now, err);
+        rc = lapse__consumer_forward(c, err);
     }
     if (rc != LAPSE_OK) {
         return rc; /* nothing acked: the broker redelivers the batch */
     }
     /* The store committed and every forward was confirmed: one ack covers the batch. */
-    uint64_t last = c->batch[c->n - 1].env.delivery_tag;
-    int st = amqp_basic_ack(c->in.conn, LAPSE__CHANNEL, last, 1);
-    if (st != AMQP_STATUS_OK) {
-        c->in.open = false;
-        return lapse_error_set(err, LAPSE_ERR_BROKER_CLOSED, "ack: %s",
-                               amqp_error_string2(st));
+    rc = lapse__broker_ack(&c->in, c->batch[c->n - 1].env.delivery_tag, true, err);
+    if (rc != LAPSE_OK) {
+        return rc;
     }
     /* This batch's events go out with the next ones, within CONSUMER_EVENTS_DELAY_MS:
      * one confirmed publish round and one store write for several batches. */
     lapse__consumer_owe(c, c->seqs, c->n_seqs);
     return LAPSE_OK;
+}
+
+/* After every batch or idle wait: keep the publishing connection alive (heartbeats,
+ * late frames) even when nothing is published for a while, publish owed events and the
+ * outbox backlog, probe the clock when due, sweep when due. */
+static void housekeeping(lapse_consumer_t *c) {
+    lapse__consumer_observe_clock(c);
+    int64_t mono = lapse__mono_ms();
+    if (c->out.open && mono - c->out_polled_at >= 1000) {
+        c->out_polled_at = mono;
+        lapse_error_t err = {0};
+        lapse_status_t rc = lapse__broker_poll(&c->out, 0, &err);
+        if (rc != LAPSE_OK) {
+            lapse__consumer_out_failed(c, rc, &err, "out_connection_lost");
+        }
+    }
+    lapse__consumer_events_owed(c, false);
+    lapse__consumer_events_backlog(c);
+    if (mono >= c->probe_at && !*c->stop) {
+        lapse__consumer_probe_clock(c);
+    }
+    lapse__consumer_sweep(c, true);
 }
 
 static lapse_status_t connect_all(lapse_consumer_t *c, lapse_error_t *err) {
@@ -433,17 +358,12 @@ static lapse_status_t connect_all(lapse_consumer_t *c, lapse_error_t *err) {
         rc = lapse__broker_open(&c->in, c->cfg, c->name, 0, NULL, NULL, err);
     }
     if (rc == LAPSE_OK) {
+        /* Before consuming, so that a backlog is decided by a tight floor. */
         lapse__consumer_probe_clock(c);
-        amqp_basic_qos(c->in.conn, LAPSE__CHANNEL, 0, (uint16_t)c->cfg->prefetch, 0);
-        rc =
-            lapse__broker_reply(&c->in, amqp_get_rpc_reply(c->in.conn), "basic.qos", err);
+        rc = lapse__broker_qos(&c->in, (uint16_t)c->cfg->prefetch, err);
     }
     if (rc == LAPSE_OK) {
-        amqp_basic_consume(c->in.conn, LAPSE__CHANNEL,
-                           amqp_cstring_bytes(c->topo.expired_queue),
-                           amqp_cstring_bytes(c->name), 0, 0, 0, amqp_empty_table);
-        rc = lapse__broker_reply(&c->in, amqp_get_rpc_reply(c->in.conn),
-                                 "consume from the expired queue", err);
+        rc = lapse__broker_consume(&c->in, c->topo.expired_queue, c->name, err);
     }
     return rc;
 }
@@ -464,7 +384,7 @@ static lapse_status_t session(lapse_consumer_t *c, const volatile sig_atomic_t *
             *progress |= rc == LAPSE_OK;
         }
         if (rc == LAPSE_OK) {
-            lapse__consumer_housekeeping(c);
+            housekeeping(c);
         }
         drop_batch(c);
     }
@@ -478,9 +398,25 @@ static lapse_status_t session(lapse_consumer_t *c, const volatile sig_atomic_t *
     return rc;
 }
 
+/* Wait out a reconnect backoff, running the sweep's direct cancels when due: they need
+ * only the store, and orders the broker lost must not wait for it to come back. */
+static void backoff(lapse_consumer_t *c, int64_t delay_ms) {
+    int64_t until = lapse__time_add(lapse__mono_ms(), delay_ms);
+    while (!*c->stop) {
+        lapse__consumer_observe_clock(c);
+        lapse__consumer_sweep(c, false);
+        int64_t left = until - lapse__mono_ms();
+        if (left <= 0) {
+            return;
+        }
+        lapse__sleep_ms(left < 250 ? left : 250, c->stop);
+    }
+}
+
 lapse_status_t lapse_consumer_run(lapse_consumer_t *c, const volatile sig_atomic_t *stop,
                                   lapse_error_t *err) {
     unsigned attempt = 0;
+    c->stop = stop;
     while (!*stop) {
         bool progress = false;
         lapse_status_t rc = session(c, stop, &progress, err);
@@ -504,7 +440,7 @@ lapse_status_t lapse_consumer_run(lapse_consumer_t *c, const volatile sig_atomic
         lapse__log(c->cfg, LAPSE_LOG_WARN,
                    "event=reconnect status=%s reason=\"%s\" attempt=%u delay_ms=%lld",
                    lapse_status_name(rc), text, attempt, (long long)delay);
-        lapse__sleep_ms(delay, stop);
+        backoff(c, delay);
     }
     /* Stopped: what this consumer cancelled is published before it goes, within a
      * bound, on the connection it has (or a new one). */

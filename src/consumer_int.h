@@ -1,13 +1,22 @@
 /* SPDX-License-Identifier: MIT
- * Internal: the consumer's state, shared by its consuming side (consumer.c) and its
- * publishing side (consumer_out.c: parking, re-holding, events). */
+ * Internal: the consumer's state, shared by the files that carry out its work
+ * (docs/design.md, "The data path, file by file"): consumer.c takes deliveries, gathers
+ * the facts, has decision.c decide and settles; consumer_forward.c publishes parked,
+ * early and retried deliveries on the publishing connection; consumer_events.c publishes
+ * the owed order.cancelled events; consumer_clock.c keeps the broker-clock floor
+ * (samples, probe, steps); consumer_sweep.c runs the safety net in process. */
 #ifndef LAPSE_CONSUMER_INT_H
 #define LAPSE_CONSUMER_INT_H
 
 #include <lapse/consumer.h>
 
 #include "broker_int.h"
+#include "clock_int.h"
+#include "decision_int.h"
 #include "topology_int.h"
+
+/* Every interval below is measured on the monotonic clock (lapse__mono_ms): a step of
+ * the wall clock neither stretches nor shortens a wait. */
 
 /* Publishes in flight on the publishing connection. */
 #define CONSUMER_WINDOW 1000
@@ -29,43 +38,37 @@
 /* Events of its own cancellations a consumer remembers while they cannot go out; older
  * ones are left to the backlog pass (8 bytes each). */
 #define CONSUMER_OWED_MAX 100000
-/* Orders one sweep call handles per part before deliveries get their turn again. */
-#define CONSUMER_SWEEP_CHUNK 1000
+/* Orders one sweep call handles per part, and the time one call may take (it may
+ * overrun by one store wait, SQLite's 5 s busy timeout), before deliveries get their
+ * turn again. */
+#define CONSUMER_SWEEP_CHUNK     1000
+#define CONSUMER_SWEEP_BUDGET_MS 2000
 /* Busy retries of one batch in process (each may wait out SQLite's 5 s busy timeout)
  * before its deliveries take the retry path. */
 #define CONSUMER_STORE_ATTEMPTS 2
-/* The retry path: attempt a waits min(2^(a-1) s, this) on the ladder. */
-#define CONSUMER_RETRY_MAX_DELAY_MS 300000
-/* x-death times have a resolution of one second: an upper bound on how far this
- * consumer's clock runs ahead of the broker's is only used when it exceeds that plus a
- * margin for delivery latency (otherwise an on-time message would look early). */
-#define CONSUMER_SKEW_TOLERANCE_MS 1250
-/* Skew samples are kept for one to two of these, so that a clock step is noticed. */
-#define CONSUMER_SKEW_BUCKET_MS 60000
-
-typedef enum action { ACT_CANCEL, ACT_EARLY, ACT_RETRY, ACT_PARK, ACT_DONE } action_t;
+/* The clock probe: the whole of it (connect aside) within this; again this long after a
+ * success, or after a failure (logged once), so that an idle consumer's floor does not
+ * go stale and a failing probe is never a loop. */
+#define CONSUMER_PROBE_DEADLINE_MS 5000
+#define CONSUMER_PROBE_EVERY_MS    (30 * 60 * 1000)
+#define CONSUMER_PROBE_RETRY_MS    60000
 
 typedef struct delivery {
     amqp_envelope_t env;
     lapse_expiry_msg_t msg;
-    action_t action;
-    bool undated;        /* never dead-lettered: no broker time vouches for it */
-    int attempts;        /* failed attempts before this delivery (x-lapse-attempts) */
-    int64_t deadline_ms; /* the deadline to wait for (early) */
-    char reason[256];    /* why it is parked */
+    bool decoded;          /* msg holds a valid expiry message */
+    bool undated;          /* never dead-lettered: no broker time vouches for it */
+    int attempts;          /* failed attempts before this delivery (x-lapse-attempts) */
+    int64_t received_mono; /* lapse__mono_ms() when it was taken */
+    int64_t deadline_ms;   /* the store's deadline (early) */
+    lapse__verdict_t verdict;
+    char reason[256]; /* the decoder's or the store's words, for the parked reason */
 } delivery_t;
-
-/* An upper bound on how far the local clock runs ahead of the broker's, learnt from the
- * x-death times of deliveries (INT64_MAX: no sample). */
-typedef struct skew {
-    int64_t current;  /* min sample in the current bucket */
-    int64_t previous; /* min sample in the bucket before */
-    int64_t bucket_at;
-} skew_t;
 
 struct lapse_consumer {
     const lapse_config_t *cfg;
     lapse_store_t *store;
+    const volatile sig_atomic_t *stop; /* borrowed from lapse_consumer_run */
     lapse__topology_t topo;
     char name[96];       /* connection name and consumer tag */
     lapse__broker_t in;  /* deliveries and acks */
@@ -81,43 +84,65 @@ struct lapse_consumer {
     int64_t *owed; /* outbox seqs of this consumer's cancellations not yet published,
                       oldest first, at most CONSUMER_OWED_MAX */
     size_t n_owed;
-    int64_t owed_since;
+    int64_t owed_since;         /* mono */
     lapse_status_t out_failure; /* first failed confirm since the last check */
-    int64_t events_retry_at;    /* events were returned: none published before this */
+    int64_t events_retry_at;    /* mono: events were returned, none published before */
     unsigned events_attempt;    /* returned rounds in a row (0: events get through) */
-    int64_t out_retry_at;       /* when to reopen a failed publishing connection */
+    int64_t out_retry_at;       /* mono: when to reopen a failed publishing connection */
     unsigned out_attempt;
-    int64_t backlog_at;    /* next look at the outbox */
-    int64_t out_polled_at; /* last heartbeat service of the publishing connection */
-    int64_t sweep_at;      /* next sweep (0: at start) */
-    skew_t skew;
-    int64_t skew_logged; /* last bound logged, to log changes only */
+    int64_t backlog_at;    /* mono: next look at the outbox */
+    int64_t out_polled_at; /* mono: last heartbeat service of the publishing connection */
+    int64_t sweep_at;      /* mono: next sweep (0: at start) */
+    const char *sweep_skipped; /* why direct cancels were last skipped, to log changes */
+    lapse__clock_t clock;      /* the broker-clock floor (decision.c) */
+    bool stepped;              /* the wall clock stepped and no sample came since */
+    int64_t probe_at;          /* mono: next clock probe (0: due) */
+    bool probe_failed;         /* the last probe failed (logged once) */
+    int64_t ahead_logged;      /* last "ahead" logged, to log changes only */
     lapse_consumer_stats_t stats;
 };
 
-/** How far (ms) the local clock may run ahead of the broker's, as learnt from x-death
- *  times; 0 when within the tolerance or unknown. */
-int64_t lapse__consumer_skew_bound(const lapse_consumer_t *c);
+/* ---- consumer_clock.c ---- */
 
-/** The latest x-death time of a message (broker clock, whole seconds, in ms), or -1
- *  when it was never dead-lettered. */
-int64_t lapse__dead_lettered_at_ms(const amqp_basic_properties_t *props);
+/** Observe the wall and monotonic clocks; on a step log event=clock_step, drop the
+ *  samples and make a probe due. Call on every batch and idle pass. */
+void lapse__consumer_observe_clock(lapse_consumer_t *c);
 
-/** Add one upper bound (local_now - a broker time seen at or before it) to the skew. */
-void lapse__consumer_skew_sample(lapse_consumer_t *c, int64_t sample);
+/** Take the x-death time of each delivery of the batch as a sample, and read its
+ *  attempts header; returns the time arrivals are decided by (LAPSE__NOTHING_DUE while
+ *  no floor is known). */
+int64_t lapse__consumer_sample_batch(lapse_consumer_t *c);
 
-/** On the consuming connection before basic.consume: probe the broker's clock. */
+/** Probe the broker's clock on a short-lived connection of its own (never the consuming
+ *  one), within CONSUMER_PROBE_DEADLINE_MS; a failure leaves the floor to the deliveries
+ *  and is logged once. */
 void lapse__consumer_probe_clock(lapse_consumer_t *c);
+
+/** The time direct cancels (the sweep) are decided by; LAPSE__NOTHING_DUE with *why
+ *  when none may run. broker_up: a session is open (a probe or deliveries can give a
+ *  floor). See docs/design.md, "The clock rule". */
+int64_t lapse__consumer_sweep_now(lapse_consumer_t *c, bool broker_up, const char **why);
 
 /** Make text one log token: quotes and line breaks become apostrophes. */
 void lapse__consumer_sanitize(char *text);
 
+/* ---- consumer_forward.c ---- */
+
 /** (Re)open the publishing connection unless it is up or waiting out its backoff. */
 lapse_status_t lapse__consumer_ensure_out(lapse_consumer_t *c, lapse_error_t *err);
 
-/** Publish the batch's parked and re-held deliveries; all confirmed on LAPSE_OK. */
-lapse_status_t lapse__consumer_forward(lapse_consumer_t *c, int64_t now,
-                                       lapse_error_t *err);
+/** Open the publishing connection now, whatever its backoff. */
+lapse_status_t lapse__consumer_open_out(lapse_consumer_t *c, lapse_error_t *err);
+
+/** The publishing connection failed: log it as event=what, close it, start its backoff.
+ */
+void lapse__consumer_out_failed(lapse_consumer_t *c, lapse_status_t rc,
+                                const lapse_error_t *why, const char *what);
+
+/** Carry out the batch's PARK, EARLY and RETRY verdicts; all confirmed on LAPSE_OK. */
+lapse_status_t lapse__consumer_forward(lapse_consumer_t *c, lapse_error_t *err);
+
+/* ---- consumer_events.c ---- */
 
 /** Publish outbox events through the relay (only the seqs in only[0..n_only) when only
  *  is not NULL), at most limit. True when they went through. Failures are logged and
@@ -129,7 +154,8 @@ bool lapse__consumer_events(lapse_consumer_t *c, const int64_t *only, size_t n_o
 /** Remember seqs (outbox rows of this consumer's cancellations) as owed. */
 void lapse__consumer_owe(lapse_consumer_t *c, const int64_t *seqs, size_t n);
 
-/** When owed events may be tried next (the events' or the connection's backoff). */
+/** When (mono) owed events may be tried next (the events' or the connection's backoff).
+ */
 int64_t lapse__consumer_owed_due(const lapse_consumer_t *c);
 
 /** Publish the owed events when CONSUMER_EVENTS_CHUNK of them wait, or the oldest has
@@ -137,14 +163,20 @@ int64_t lapse__consumer_owed_due(const lapse_consumer_t *c);
  *  they went through. */
 void lapse__consumer_events_owed(lapse_consumer_t *c, bool now);
 
+/** The outbox backlog, now and then (CONSUMER_BACKLOG_EVERY_MS). */
+void lapse__consumer_events_backlog(lapse_consumer_t *c);
+
 /** On stop: publish the owed events (those of this consumer's cancellations only: the
  *  rest of the outbox may be another consumer's) for at most CONSUMER_STOP_EVENTS_MS,
  *  ignoring every backoff; log the outcome and the outbox backlog; close the publishing
  *  connection. */
 void lapse__consumer_events_final(lapse_consumer_t *c);
 
-/** Heartbeats of the publishing connection, the outbox backlog and the sweep, now and
- *  then. */
-void lapse__consumer_housekeeping(lapse_consumer_t *c);
+/* ---- consumer_sweep.c ---- */
+
+/** The safety net in process when it is due (every sweep_every): with the broker up both
+ *  parts, else the direct cancels only. At most CONSUMER_SWEEP_BUDGET_MS (plus one store
+ *  wait) per call; it sees the stop flag. */
+void lapse__consumer_sweep(lapse_consumer_t *c, bool broker_up);
 
 #endif

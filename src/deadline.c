@@ -276,27 +276,10 @@ void lapse_time_format_rfc3339(int64_t ms, char buf[LAPSE_RFC3339_LEN]) {
     *p = '\0';
 }
 
-/* Process-wide, read on every now() call from any thread: atomic so a test that shifts
- * the clock while a consumer runs is not a data race. */
-static _Atomic int64_t clock_skew_ms;
-
 int64_t lapse_clock_now_ms(void) {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
-    int64_t now = (int64_t)ts.tv_sec * MS_PER_S + ts.tv_nsec / 1000000;
-    int64_t skew = atomic_load_explicit(&clock_skew_ms, memory_order_relaxed);
-    /* Saturate rather than overflow when a test sets an absurd skew. */
-    if (skew > 0 && now > INT64_MAX - skew) {
-        return INT64_MAX;
-    }
-    if (skew < 0 && now < INT64_MIN - skew) {
-        return INT64_MIN;
-    }
-    return now + skew;
-}
-
-void lapse_clock_set_skew_ms(int64_t skew_ms) {
-    atomic_store_explicit(&clock_skew_ms, skew_ms, memory_order_relaxed);
+    return (int64_t)ts.tv_sec * MS_PER_S + ts.tv_nsec / 1000000;
 }
 
 int64_t lapse__mono_ms(void) {

@@ -3,6 +3,8 @@
  */
 #include "events_int.h"
 
+#include "clock_int.h"
+
 #include <lapse/message.h>
 
 #include <stdlib.h>
@@ -170,7 +172,7 @@ lapse_status_t lapse__events_drain(lapse__broker_t *broker, lapse_store_t *store
                        ? broker->window
                        : LAPSE__EVENTS_ROUND;
     for (;;) {
-        int64_t left = deadline_ms - lapse_clock_now_ms();
+        int64_t left = deadline_ms - lapse__mono_ms();
         if (left <= 0 || (stop && stop(stop_opaque))) {
             return LAPSE_OK;
         }

@@ -47,7 +47,7 @@ typedef bool (*lapse__relay_stop_fn)(void *opaque);
 /**
  * Rounds of lapse__events_relay() over the whole outbox, oldest first, until it is empty,
  * a row is returned (no queue bound: the rest would be returned too), a round fails,
- * deadline_ms (lapse_clock_now_ms() time) passes, or stop (optional) says so.
+ * deadline_ms (lapse__mono_ms() time) passes, or stop (optional) says so.
  * @param total zeroed, then the sum of the rounds.
  * @return LAPSE_OK or the failed round's status.
  */

@@ -3,6 +3,7 @@
 #include <lapse/parked.h>
 
 #include "broker_int.h"
+#include "headers_int.h"
 #include "topology_int.h"
 
 #include <jansson.h>
@@ -15,65 +16,6 @@
 #define REPLAY_CONFIRM_MS 30000 /* how long a round waits for its confirms */
 
 /* ---- describing a message (pure) ---- */
-
-static bool key_is(amqp_bytes_t key, const char *name) {
-    return key.len == strlen(name) && memcmp(key.bytes, name, key.len) == 0;
-}
-
-static const amqp_field_value_t *header(const amqp_basic_properties_t *props,
-                                        const char *name) {
-    if (!(props->_flags & AMQP_BASIC_HEADERS_FLAG)) {
-        return NULL;
-    }
-    for (int i = 0; i < props->headers.num_entries; i++) {
-        if (key_is(props->headers.entries[i].key, name)) {
-            return &props->headers.entries[i].value;
-        }
-    }
-    return NULL;
-}
-
-/* Any AMQP integer kind: other clients (and other versions of lapse) may pick another
- * width than the int64 we write. */
-static bool header_int(const amqp_basic_properties_t *props, const char *name,
-                       int64_t *out) {
-    const amqp_field_value_t *v = header(props, name);
-    if (!v) {
-        return false;
-    }
-    switch (v->kind) {
-        case AMQP_FIELD_KIND_I8:
-            *out = v->value.i8;
-            return true;
-        case AMQP_FIELD_KIND_U8:
-            *out = v->value.u8;
-            return true;
-        case AMQP_FIELD_KIND_I16:
-            *out = v->value.i16;
-            return true;
-        case AMQP_FIELD_KIND_U16:
-            *out = v->value.u16;
-            return true;
-        case AMQP_FIELD_KIND_I32:
-            *out = v->value.i32;
-            return true;
-        case AMQP_FIELD_KIND_U32:
-            *out = v->value.u32;
-            return true;
-        case AMQP_FIELD_KIND_I64:
-            *out = v->value.i64;
-            return true;
-        case AMQP_FIELD_KIND_U64:
-        case AMQP_FIELD_KIND_TIMESTAMP:
-            if (v->value.u64 > (uint64_t)INT64_MAX) {
-                return false;
-            }
-            *out = (int64_t)v->value.u64;
-            return true;
-        default:
-            return false;
-    }
-}
 
 /* Copy for display: one line of printable ASCII, so it stays valid JSON text and one
  * terminal line whatever a foreign publisher put there. */
@@ -123,18 +65,18 @@ static void describe(const amqp_message_t *msg, lapse_parked_msg_t *out,
     } else {
         snprintf(out->order_id, sizeof out->order_id, "-");
     }
-    const amqp_field_value_t *reason = header(props, LAPSE_HDR_REASON);
+    const amqp_field_value_t *reason = lapse__hdr_find(props, LAPSE_HDR_REASON);
     if (reason &&
         (reason->kind == AMQP_FIELD_KIND_UTF8 || reason->kind == AMQP_FIELD_KIND_BYTES)) {
         copy_printable(out->reason, sizeof out->reason, reason->value.bytes.bytes,
                        reason->value.bytes.len);
     }
-    if (!header_int(props, LAPSE_HDR_ATTEMPTS, &out->attempts) || out->attempts < 1) {
+    /* A parked message took at least the attempt that parked it. */
+    out->attempts = lapse__hdr_attempts(props);
+    if (out->attempts < 1) {
         out->attempts = 1;
     }
-    if (!header_int(props, LAPSE_HDR_PARKED_AT, &out->parked_at_ms)) {
-        out->parked_at_ms = -1;
-    }
+    out->parked_at_ms = lapse__hdr_parked_at_ms(props);
 }
 
 /* ---- reading the parked queue ---- */
@@ -309,10 +251,6 @@ static lapse_status_t flush(replay_t *r, lapse_error_t *err) {
 
 /* The parking headers describe the last failure; a replayed message starts afresh, so a
  * retry path that counts attempts gives it its full budget again. */
-static bool is_parking_header(amqp_bytes_t key) {
-    return key_is(key, LAPSE_HDR_REASON) || key_is(key, LAPSE_HDR_PARKED_AT) ||
-           key_is(key, LAPSE_HDR_ATTEMPTS);
-}
 
 static lapse_status_t republish(replay_t *r, const amqp_message_t *msg,
                                 uint64_t delivery_tag, const lapse_parked_msg_t *desc,
@@ -326,7 +264,7 @@ static lapse_status_t republish(replay_t *r, const amqp_message_t *msg,
     }
     int n = 0;
     for (int i = 0; i < old.num_entries; i++) {
-        if (!is_parking_header(old.entries[i].key)) {
+        if (!lapse__hdr_is_parking(old.entries[i].key)) {
             entries[n++] = old.entries[i];
         }
     }

@@ -5,6 +5,7 @@
 #include <lapse/sweep.h>
 
 #include "backoff_int.h"
+#include "clock_int.h"
 #include "config_int.h"
 #include "events_int.h"
 #include "topology_int.h"
@@ -123,7 +124,7 @@ static void walk(sweep_t *s, lapse_pending_filter_t *filter) {
         lapse_error_t err = {0};
         lapse_status_t rc = lapse_store_pending(s->store, filter, on_order, s, &err);
         if (rc == LAPSE_ERR_STORE_BUSY && attempt + 1 < STORE_ATTEMPTS && !s->stopped &&
-            (max == 0 || s->seen < max)) {
+            !progress(s) && (max == 0 || s->seen < max)) {
             lapse__log(s->cfg, LAPSE_LOG_WARN,
                        "event=store_retry op=%s_%s_read attempt=%u", s->event, s->part,
                        attempt + 1);
@@ -158,10 +159,12 @@ static lapse_status_t flush_cancels(sweep_t *s) {
             s->items[i] = (lapse_cancel_item_t){.order_id = s->cancel_ids[i]};
         }
         /* Taken per attempt: the compare-and-set checks deadline <= now, and every
-         * order here was due a grace period before the walk began. */
-        now = lapse_clock_now_ms();
+         * order here was due a grace period before the walk began. A caller's decision
+         * clock (opts.now_ms, the consumer's broker-clock bound) is used as given: it is
+         * the time the caller vouches for, and it is never later than the truth. */
+        now = s->opts->now_ms != 0 ? s->opts->now_ms : lapse_clock_now_ms();
         rc = lapse_store_cancel_batch(s->store, s->items, n, now, &err);
-        if (rc != LAPSE_ERR_STORE_BUSY) {
+        if (rc != LAPSE_ERR_STORE_BUSY || progress(s)) {
             break;
         }
         lapse__log(s->cfg, LAPSE_LOG_WARN, "event=store_retry op=sweep_cancel attempt=%u",
@@ -463,8 +466,10 @@ lapse_status_t lapse_sweep_run(const lapse_config_t *cfg, lapse_store_t *store,
     }
     opts = s->opts;
     int64_t now = lapse_clock_now_ms();
-    /* deadline + grace <= now, i.e. deadline < now - grace + 1: lost. */
-    s->cancel_due_before = now - opts->grace_ms + 1;
+    /* deadline + grace <= now, i.e. deadline < now - grace + 1: lost. The direct cancels
+     * use the caller's decision clock when it gives one. */
+    int64_t cancel_now = opts->now_ms != 0 ? opts->now_ms : now;
+    s->cancel_due_before = lapse__time_add(cancel_now, 1 - opts->grace_ms);
     /* The store-only part first: it needs no broker, and what it cancels need not be
      * published again. */
     if (opts->cancel) {
@@ -475,7 +480,7 @@ lapse_status_t lapse_sweep_run(const lapse_config_t *cfg, lapse_store_t *store,
         lapse_pending_filter_t filter;
         lapse_pending_filter_init(&filter);
         filter.only_unscheduled = true;
-        filter.created_before_ms = now - opts->in_flight_ms;
+        filter.created_before_ms = lapse__time_add(now, -opts->in_flight_ms);
         republish(s, &filter);
     }
     if (opts->events && !opts->dry_run && !s->stopped) {

@@ -42,7 +42,6 @@ LAPSE_API void lapse_config_free(lapse_config_t *cfg);
  *                cancelled directly by a sweep      (LAPSE_GRACE, 60s)
  *   sweep_in_flight duration or 0: a sweep publishes again only orders recorded longer
  *                ago than this                      (LAPSE_IN_FLIGHT, 30s)
- *   clock_skew   duration with optional '-' sign    (test hook: no variable; 0)
  *   events_queue queue name, up to 95 bytes of [A-Za-z0-9._:-], not amq.*, or "": a
  *                durable queue bound to <prefix>.events for order.cancelled, declared
  *                and exported with the topology (LAPSE_EVENTS_QUEUE, "": none)

@@ -88,10 +88,7 @@ LAPSE_API lapse_status_t lapse_time_parse_rfc3339(const char *text, int64_t *out
  */
 LAPSE_API void lapse_time_format_rfc3339(int64_t ms, char buf[LAPSE_RFC3339_LEN]);
 
-/** Wall-clock time, ms since the epoch (CLOCK_REALTIME) plus the skew set below. */
+/** Wall-clock time, ms since the epoch (CLOCK_REALTIME). */
 LAPSE_API int64_t lapse_clock_now_ms(void);
-
-/** Test hook: shift lapse_clock_now_ms() by skew_ms (process-wide). */
-LAPSE_API void lapse_clock_set_skew_ms(int64_t skew_ms);
 
 #endif

@@ -42,7 +42,12 @@ typedef struct lapse_sweep_opts {
     bool events;          /* at the end, publish the outbox's events, those of the orders
                              just cancelled and any older ones (true); a consumer, which
                              publishes the outbox itself, turns it off */
-    lapse_sweep_progress_cb progress; /* optional (NULL) */
+    int64_t now_ms;       /* the time direct cancels are decided by, ms since the epoch;
+                             0 (default): this host's wall clock. A consumer passes its
+                             broker-clock bound (docs/design.md, "The clock rule") */
+    lapse_sweep_progress_cb progress; /* optional (NULL); also asked between busy-store
+                                         retries, so a caller's stop or time budget is
+                                         seen within one store wait */
     void *progress_opaque;
 } lapse_sweep_opts_t;
 

@@ -14,7 +14,7 @@ int cmd_config(cli_t *cli, int argc, char **argv) {
     json_t *root = as_json ? json_object() : NULL;
     for (size_t i = 0; i < cli_n_options; i++) {
         const cli_option_t *opt = &cli_options[i];
-        if (!opt->property || (opt->flags & (CLI_TESTING | CLI_HIDDEN))) {
+        if (!opt->property || (opt->flags & CLI_HIDDEN)) {
             continue;
         }
         char value[1200];

@@ -36,7 +36,7 @@ static size_t wrap(FILE *out, const char *text, size_t col, size_t indent) {
 }
 
 static bool shown(const cli_option_t *opt) {
-    return (opt->flags & (CLI_TESTING | CLI_HIDDEN)) == 0;
+    return (opt->flags & CLI_HIDDEN) == 0;
 }
 
 /* The options a command's help, synopsis and README section list: its own, not the

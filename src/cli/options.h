@@ -48,10 +48,9 @@ typedef enum cli_opt_id {
 } cli_opt_id_t;
 
 enum {
-    CLI_SECRET = 1u << 0,  /* the value may hold a password: never echoed */
-    CLI_REPEAT = 1u << 1,  /* may be given more than once; each value counts */
-    CLI_TESTING = 1u << 2, /* a test hook: works, but no help or README mentions it */
-    CLI_HIDDEN = 1u << 3   /* an internal switch, left out of every help text */
+    CLI_SECRET = 1u << 0, /* the value may hold a password: never echoed */
+    CLI_REPEAT = 1u << 1, /* may be given more than once; each value counts */
+    CLI_HIDDEN = 1u << 3  /* an internal switch, left out of every help text */
 };
 
 typedef struct cli_option {
@@ -65,7 +64,7 @@ typedef struct cli_option {
     const char
         *example;      /* a valid value other than the default (settings): docs, tests */
     unsigned commands; /* CLI_IN() bits, or CLI_GLOBAL */
-    unsigned flags;    /* CLI_SECRET, CLI_REPEAT, CLI_TESTING, CLI_HIDDEN */
+    unsigned flags;    /* CLI_SECRET, CLI_REPEAT, CLI_HIDDEN */
     const char *help;
 } cli_option_t;
 

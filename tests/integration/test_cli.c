@@ -769,6 +769,12 @@ static void test_options_before_or_after_the_command(void **state) {
     expect_usage(&h, "'--json' takes no value",
                  (const char *[]){"status", "--json=yes", NULL});
     expect_usage(&h, "unknown option '-x'", (const char *[]){"status", "-x", NULL});
+    /* The test hook that shifted the clock is gone from the shipped binary (issue 10):
+     * it could cancel early (sweep) or take a late payment (pay). */
+    expect_usage(&h, "unknown option '--clock-skew'",
+                 (const char *[]){"--clock-skew", "1h", "sweep", NULL});
+    expect_usage(&h, "unknown option '--clock-skew'",
+                 (const char *[]){"pay", "x1", "--clock-skew=-1h", NULL});
     cli_teardown(&h);
 }
 
@@ -807,7 +813,7 @@ static void test_version_and_help(void **state) {
         char flag[64];
         snprintf(flag, sizeof flag, "--%s", opt->name);
         bool listed = strstr(top, flag) != NULL;
-        if (listed != !(opt->flags & (CLI_TESTING | CLI_HIDDEN))) {
+        if (listed != !(opt->flags & CLI_HIDDEN)) {
             fail_msg("lapse --help %s %s", listed ? "shows" : "leaves out", flag);
         }
         const char *env = opt->property ? lapse_config_property_env(opt->property) : NULL;
@@ -847,7 +853,7 @@ static void test_version_and_help(void **state) {
         for (size_t k = 0; k < cli_n_options; k++) {
             const cli_option_t *opt = &cli_options[k];
             if (opt->commands == CLI_GLOBAL || !cli_option_accepts(opt, c->cmd) ||
-                (opt->flags & (CLI_TESTING | CLI_HIDDEN)) ||
+                (opt->flags & CLI_HIDDEN) ||
                 (c->cmd == CLI_CMD_CONFIG && opt->property)) {
                 continue;
             }
@@ -1129,7 +1135,7 @@ static void test_every_setting_has_a_variable_and_the_flag_beats_it(void **state
     size_t settings = 0;
     for (size_t i = 0; i < cli_n_options; i++) {
         const cli_option_t *opt = &cli_options[i];
-        if (!opt->property || (opt->flags & CLI_TESTING)) {
+        if (!opt->property) {
             continue;
         }
         settings++;
@@ -1223,11 +1229,11 @@ static void test_readme_reference_is_generated(void **state) {
         fail_msg("README.md's options reference differs from `lapse help --markdown`; "
                  "run scripts/readme-options");
     }
-    /* It names every shown option and variable, and not the testing hooks. */
+    /* It names every shown option and variable, and no hidden switch. */
     for (size_t i = 0; i < cli_n_options; i++) {
         char flag[64];
         snprintf(flag, sizeof flag, "`--%s", cli_options[i].name);
-        bool shown = !(cli_options[i].flags & (CLI_TESTING | CLI_HIDDEN));
+        bool shown = !(cli_options[i].flags & CLI_HIDDEN);
         assert_int_equal(strstr(out, flag) != NULL, shown);
     }
     free(out);

@@ -103,8 +103,10 @@ static void test_held_messages_carry_a_readable_deadline(void **state) {
      * and publishes it down the ladder for the rest of its window. */
     assert_int_equal(h_lapse(&h, NULL, 0, "publish", "early", "--timeout", "2s", NULL),
                      0);
-    const char *const args[] = {"--clock-skew", "-60s", "consume", NULL};
-    pid_t consumer = h_spawn(&h, "consumer.log", args);
+    assert_true(h_faketime_available());
+    pid_t consumer =
+        h_spawn_env(&h, "consumer.log", (const char *const[]){"consume", NULL},
+                    (const char *const[]){H_FAKETIME_ENV, "FAKETIME=-60", NULL});
     for (int waited = 0;
          h_count_lines(&h, "consumer.log", "order_id=early decision=early") < 1 &&
          waited < h_ms(20000);

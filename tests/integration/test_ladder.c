@@ -315,9 +315,11 @@ static void test_d_consumer_clock_ahead(void **state) {
     (void)state;
     h_ctx_t h;
     h_setup(&h, "ladder-d", "3s", true);
-    /* The consumer's clock runs 3 s ahead of the broker's (and the test's). */
-    pid_t pid = h_spawn(&h, "consumer.log",
-                        (const char *const[]){"--clock-skew", "3s", "consume", NULL});
+    /* The consumer's wall clock runs 3 s ahead of the broker's (and the test's):
+     * libfaketime shifts it, its monotonic clock is left alone. */
+    assert_true(h_faketime_available());
+    pid_t pid = h_spawn_env(&h, "consumer.log", (const char *const[]){"consume", NULL},
+                            (const char *const[]){H_FAKETIME_ENV, "FAKETIME=+3", NULL});
 
     enum { N = 40 };
     order_t orders[N] = {0};
@@ -357,9 +359,12 @@ static void test_d_consumer_clock_ahead(void **state) {
 
     int64_t ladder[N], cls[N];
     size_t n_ladder, n_class;
-    /* The store's cancelled_at is the consumer's (corrected) clock: the test's own
-     * observation is what proves "never early" here. */
+    /* The store's cancelled_at is the consumer's decision clock (the broker-clock
+     * floor here), and the test's own observation proves "never early" too. */
     check_orders(&h, orders, N, "consumer.log", ladder, &n_ladder, cls, &n_class, false);
+    assert_int_equal(h_sql_int(&h, "SELECT count(*) FROM orders WHERE status='cancelled' "
+                                   "AND cancelled_at_ms < deadline_ms"),
+                     0);
     /* The early copies were put back, not acted on; their originals cancelled. */
     assert_true(h_count_lines(&h, "consumer.log", "reason=ahead") >= 10);
     assert_int_equal(h_count_lines(&h, "consumer.log", "reason=undated"), 10);

@@ -191,8 +191,8 @@ static char **build_argv(h_ctx_t *h, bool globals, const char *const *args,
     return argv;
 }
 
-static pid_t spawn(h_ctx_t *h, bool globals, const char *const *args, size_t n_args,
-                   int in_fd, int out_fd, const char *err_file) {
+static pid_t spawn_env(h_ctx_t *h, bool globals, const char *const *args, size_t n_args,
+                       int in_fd, int out_fd, const char *err_file, char **envp) {
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
     if (in_fd >= 0) {
@@ -211,13 +211,18 @@ static pid_t spawn(h_ctx_t *h, bool globals, const char *const *args, size_t n_a
                                      0644);
     char **argv = build_argv(h, globals, args, n_args);
     pid_t pid;
-    int rc = posix_spawn(&pid, h->bin, &fa, NULL, argv, environ);
+    int rc = posix_spawn(&pid, h->bin, &fa, NULL, argv, envp);
     posix_spawn_file_actions_destroy(&fa);
     free(argv);
     if (rc != 0) {
         die("spawn %s: %s", h->bin, strerror(rc));
     }
     return pid;
+}
+
+static pid_t spawn(h_ctx_t *h, bool globals, const char *const *args, size_t n_args,
+                   int in_fd, int out_fd, const char *err_file) {
+    return spawn_env(h, globals, args, n_args, in_fd, out_fd, err_file, environ);
 }
 
 /* Run lapse to completion, stdout into out, stderr appended to cli.log. */
@@ -301,6 +306,62 @@ pid_t h_spawn_stdin(h_ctx_t *h, const char *log, const char *const *args, int *s
     close(fds[0]);
     *stdin_fd = fds[1];
     return pid;
+}
+
+pid_t h_spawn_env(h_ctx_t *h, const char *log, const char *const *args,
+                  const char *const *env) {
+    size_t n = 0;
+    while (args[n]) {
+        n++;
+    }
+    size_t n_env = 0;
+    while (env[n_env]) {
+        n_env++;
+    }
+    size_t n_environ = 0;
+    while (environ[n_environ]) {
+        n_environ++;
+    }
+    /* The test's environment, but the variables env sets, then env. */
+    char **envp = calloc(n_environ + n_env + 2, sizeof *envp);
+    size_t k = 0;
+    bool preload = false;
+    for (size_t j = 0; j < n_env; j++) {
+        preload |= strncmp(env[j], "LD_PRELOAD=", 11) == 0;
+    }
+    static char asan[1024];
+    if (preload) {
+        const char *old = getenv("ASAN_OPTIONS");
+        snprintf(asan, sizeof asan, "ASAN_OPTIONS=%s%sverify_asan_link_order=0",
+                 old ? old : "", old && old[0] ? ":" : "");
+    }
+    for (size_t i = 0; i < n_environ; i++) {
+        bool replaced = false;
+        for (size_t j = 0; j < n_env && !replaced; j++) {
+            size_t len = strcspn(env[j], "=");
+            replaced = strncmp(environ[i], env[j], len) == 0 && environ[i][len] == '=';
+        }
+        if (preload && strncmp(environ[i], "ASAN_OPTIONS=", 13) == 0) {
+            replaced = true;
+        }
+        if (!replaced) {
+            envp[k++] = environ[i];
+        }
+    }
+    if (preload) {
+        envp[k++] = asan;
+    }
+    for (size_t j = 0; j < n_env; j++) {
+        envp[k++] = (char *)env[j];
+    }
+    envp[k] = NULL;
+    pid_t pid = spawn_env(h, true, args, n, -1, -1, log, envp);
+    free(envp);
+    return pid;
+}
+
+bool h_faketime_available(void) {
+    return access(H_LIBFAKETIME, R_OK) == 0;
 }
 
 bool h_alive(pid_t pid) {

@@ -63,7 +63,7 @@ int h_run(h_ctx_t *h, char *out, size_t cap, ...);
  * <dir>/<log>. extra may be NULL. */
 pid_t h_spawn_consumer(h_ctx_t *h, const char *log, const char *const *extra);
 /* Start `lapse <global flags> args...` (NULL-terminated; it may begin with more global
- * flags, e.g. --clock-skew) in the background, stderr into <dir>/<log>. */
+ * flags, e.g. --prefix) in the background, stderr into <dir>/<log>. */
 pid_t h_spawn(h_ctx_t *h, const char *log, const char *const *args);
 
 /* The same with stdin a pipe: *stdin_fd receives its write end (close-on-exec, so no
@@ -74,6 +74,20 @@ pid_t h_spawn_stdin(h_ctx_t *h, const char *log, const char *const *args, int *s
  * killed by a signal, -1 on timeout (the process is then killed). */
 int h_stop(pid_t pid, int sig, int timeout_ms);
 bool h_alive(pid_t pid);
+
+/* Like h_spawn, with env ("NAME=value" strings, NULL-terminated; borrowed) added to the
+ * test's own environment, replacing variables of the same names. */
+pid_t h_spawn_env(h_ctx_t *h, const char *log, const char *const *args,
+                  const char *const *env);
+
+/* libfaketime (Debian package libfaketime, pulled in by faketime): preloaded into a child
+ * it shifts the wall clock only, with FAKETIME_DONT_FAKE_MONOTONIC=1. Add FAKETIME=+3
+ * (seconds) or FAKETIME_TIMESTAMP_FILE=<file> with FAKETIME_NO_CACHE=1. ASan insists on
+ * coming first in the link order, so h_spawn_env adds verify_asan_link_order=0 to
+ * ASAN_OPTIONS whenever env preloads something. */
+#define H_LIBFAKETIME  "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
+#define H_FAKETIME_ENV "LD_PRELOAD=" H_LIBFAKETIME, "FAKETIME_DONT_FAKE_MONOTONIC=1"
+bool h_faketime_available(void);
 
 /* Pay, through the store, "ord-<i>" for each i < n where pick(i), now (well inside their
  * windows). Returns how many payments were accepted. */

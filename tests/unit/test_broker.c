@@ -3,6 +3,7 @@
  * replacing any stale one a re-published message carries, and read back from any integer
  * kind. Pure: no broker. */
 #include "broker_int.h"
+#include "headers_int.h"
 
 #include <lapse/message.h>
 
@@ -47,7 +48,7 @@ static void test_a_stale_seq_is_replaced_and_the_rest_kept_in_order(void **state
     assert_int_equal(t.entries[3].value.value.i64, 1001);
 
     amqp_basic_properties_t props = {._flags = AMQP_BASIC_HEADERS_FLAG, .headers = t};
-    assert_int_equal(lapse__publish_seq_of(&props), 1001);
+    assert_int_equal(lapse__hdr_publish_seq(&props), 1001);
 }
 
 static void test_seq_is_read_from_any_integer_kind(void **state) {
@@ -55,30 +56,30 @@ static void test_seq_is_read_from_any_integer_kind(void **state) {
     amqp_table_entry_t e = lapse__entry_i64(LAPSE_HDR_PUBLISH_SEQ, 5);
     amqp_basic_properties_t props = {._flags = AMQP_BASIC_HEADERS_FLAG,
                                      .headers = {.num_entries = 1, .entries = &e}};
-    assert_int_equal(lapse__publish_seq_of(&props), 5);
+    assert_int_equal(lapse__hdr_publish_seq(&props), 5);
     e.value.kind = AMQP_FIELD_KIND_I32;
     e.value.value.i32 = 6;
-    assert_int_equal(lapse__publish_seq_of(&props), 6);
+    assert_int_equal(lapse__hdr_publish_seq(&props), 6);
     e.value.kind = AMQP_FIELD_KIND_U32;
     e.value.value.u32 = 7;
-    assert_int_equal(lapse__publish_seq_of(&props), 7);
+    assert_int_equal(lapse__hdr_publish_seq(&props), 7);
     e.value.kind = AMQP_FIELD_KIND_U64;
     e.value.value.u64 = 8;
-    assert_int_equal(lapse__publish_seq_of(&props), 8);
+    assert_int_equal(lapse__hdr_publish_seq(&props), 8);
 }
 
 static void test_no_usable_seq_reads_as_zero(void **state) {
     (void)state;
     amqp_basic_properties_t props = {._flags = 0};
-    assert_int_equal(lapse__publish_seq_of(&props), 0);
+    assert_int_equal(lapse__hdr_publish_seq(&props), 0);
     amqp_table_entry_t e = lapse__entry_str(LAPSE_HDR_PUBLISH_SEQ, "12");
     props._flags = AMQP_BASIC_HEADERS_FLAG;
     props.headers = (amqp_table_t){.num_entries = 1, .entries = &e};
-    assert_int_equal(lapse__publish_seq_of(&props), 0);
+    assert_int_equal(lapse__hdr_publish_seq(&props), 0);
     e = lapse__entry_i64(LAPSE_HDR_PUBLISH_SEQ, -3);
-    assert_int_equal(lapse__publish_seq_of(&props), 0);
+    assert_int_equal(lapse__hdr_publish_seq(&props), 0);
     e = lapse__entry_i64("x-lapse-publish-seq-not", 9);
-    assert_int_equal(lapse__publish_seq_of(&props), 0);
+    assert_int_equal(lapse__hdr_publish_seq(&props), 0);
 }
 
 int main(void) {

@@ -16,7 +16,7 @@
 #include "cli/cli.h"
 
 static bool is_shown(const cli_option_t *opt) {
-    return !(opt->flags & (CLI_TESTING | CLI_HIDDEN));
+    return !(opt->flags & CLI_HIDDEN);
 }
 
 static void test_rows_that_share_a_name_agree(void **state) {
@@ -66,11 +66,8 @@ static void test_every_setting_is_a_config_property(void **state) {
             assert_true(!cli_options[k].property ||
                         strcmp(cli_options[k].property, opt->property) != 0);
         }
-        if (opt->flags & CLI_TESTING) {
-            continue;
-        }
-        /* A real setting: a variable, a default, and an example that is valid and
-         * differs from the default. */
+        /* Every setting (there are no test hooks): a variable, a default, and an example
+         * that is valid and differs from the default. */
         const char *def = lapse_config_property_default(opt->property);
         assert_non_null(lapse_config_property_env(opt->property));
         assert_non_null(def);

@@ -39,7 +39,6 @@ static int teardown(void **state) {
     for (size_t i = 0; i < ARRAY_LEN(env_vars); i++) {
         unsetenv(env_vars[i]);
     }
-    lapse_clock_set_skew_ms(0);
     return 0;
 }
 
@@ -60,8 +59,8 @@ static void test_defaults_follow_design(void **state) {
     assert_int_equal(cfg->classes[0].ttl_ms, 1800000);
     assert_string_equal(lapse_config_get(cfg, "prefetch"), "1000");
     assert_string_equal(lapse_config_get(cfg, "heartbeat"), "30");
-    assert_string_equal(lapse_config_get(cfg, "clock_skew"), "0");
-    assert_int_equal(cfg->clock_skew_ms, 0);
+    /* The old test hook is gone from the library (issue 10): tests use libfaketime. */
+    assert_null(lapse_config_get(cfg, "clock_skew"));
     assert_string_equal(lapse_config_get(cfg, "queue_type"), "classic");
     assert_string_equal(lapse_config_get(cfg, "max_attempts"), "10");
     assert_string_equal(lapse_config_get(cfg, "sweep_every"), "1m");
@@ -127,7 +126,6 @@ static void assert_same_config(const lapse_config_t *a, const lapse_config_t *b)
     assert_int_equal(a->heartbeat, b->heartbeat);
     assert_int_equal(a->quorum, b->quorum);
     assert_int_equal(a->max_attempts, b->max_attempts);
-    assert_int_equal(a->clock_skew_ms, b->clock_skew_ms);
     assert_int_equal(a->sweep_every_ms, b->sweep_every_ms);
     assert_int_equal(a->sweep_grace_ms, b->sweep_grace_ms);
     assert_int_equal(a->sweep_in_flight_ms, b->sweep_in_flight_ms);
@@ -185,12 +183,6 @@ static const struct {
     {"heartbeat", "3601", LAPSE_ERR_CONFIG_VALUE},
     {"heartbeat", "-5", LAPSE_ERR_CONFIG_VALUE},
     {"heartbeat", "30s", LAPSE_ERR_CONFIG_VALUE},
-    {"clock_skew", "", LAPSE_ERR_CONFIG_DURATION},
-    {"clock_skew", "-", LAPSE_ERR_CONFIG_DURATION},
-    {"clock_skew", "--5m", LAPSE_ERR_CONFIG_DURATION},
-    {"clock_skew", "+5m", LAPSE_ERR_CONFIG_DURATION},
-    {"clock_skew", "5", LAPSE_ERR_CONFIG_DURATION},
-    {"clock_skew", "-0s", LAPSE_ERR_CONFIG_DURATION},
     {"queue_type", "Quorum", LAPSE_ERR_CONFIG_VALUE},
     {"queue_type", "", LAPSE_ERR_CONFIG_VALUE},
     {"queue_type", "stream", LAPSE_ERR_CONFIG_VALUE},
@@ -222,7 +214,6 @@ static void test_bad_values_are_refused_and_change_nothing(void **state) {
     assert_int_equal(lapse_config_set(cfg, "prefix", "shop", NULL), LAPSE_OK);
     assert_int_equal(lapse_config_set(cfg, "amqp_url", "amqp://u:p@mq:5673/v", NULL),
                      LAPSE_OK);
-    assert_int_equal(lapse_config_set(cfg, "clock_skew", "-90s", NULL), LAPSE_OK);
     lapse_config_t before = *cfg;
     for (size_t i = 0; i < ARRAY_LEN(bad_values); i++) {
         lapse_error_t err;
@@ -351,23 +342,13 @@ static void test_class_errors_name_the_item(void **state) {
     assert_non_null(strstr(err.text, "\"half-hour\""));
 }
 
-static void test_clock_skew_sets_the_clock_hook(void **state) {
+static void test_clock_skew_is_no_property(void **state) {
     lapse_config_t *cfg = *state;
-    int64_t before = lapse_clock_now_ms();
-    assert_int_equal(lapse_config_set(cfg, "clock_skew", "-2h", NULL), LAPSE_OK);
-    assert_int_equal(cfg->clock_skew_ms, -7200000);
-    assert_string_equal(lapse_config_get(cfg, "clock_skew"), "-2h");
-    int64_t skewed = lapse_clock_now_ms();
-    assert_true(skewed <= before - 7200000 + 60000);
-    assert_true(skewed >= before - 7200000);
-
-    assert_int_equal(lapse_config_set(cfg, "clock_skew", "1500ms", NULL), LAPSE_OK);
-    assert_int_equal(cfg->clock_skew_ms, 1500);
-    assert_string_equal(lapse_config_get(cfg, "clock_skew"), "1500ms");
-
-    assert_int_equal(lapse_config_set(cfg, "clock_skew", "0", NULL), LAPSE_OK);
-    assert_int_equal(cfg->clock_skew_ms, 0);
-    assert_true(lapse_clock_now_ms() >= before);
+    lapse_error_t err;
+    /* The test hook that shifted the process's clock is gone from the library: a shipped
+     * binary must not be able to cancel early or accept a late payment on request. */
+    assert_int_equal(lapse_config_set(cfg, "clock_skew", "-2h", &err),
+                     LAPSE_ERR_CONFIG_UNKNOWN);
 }
 
 static void test_env_overrides_defaults(void **state) {
@@ -454,8 +435,8 @@ static void test_env_covers_every_setting(void **state) {
         }
     }
     lapse_config_free(fresh);
-    assert_int_equal(n, 13);
-    assert_int_equal(with_env, 12); /* all but the clock_skew test hook */
+    assert_int_equal(n, 12);
+    assert_int_equal(with_env, 12); /* every property has its variable */
     assert_null(lapse_config_property_name(n + 1));
     assert_null(lapse_config_property_env("clock_skew"));
     assert_null(lapse_config_property_default("clock_skew"));
@@ -537,7 +518,7 @@ int main(void) {
         T(test_store_prefix_and_numbers),
         T(test_classes_are_canonical_sorted_and_unique),
         T(test_class_errors_name_the_item),
-        T(test_clock_skew_sets_the_clock_hook),
+        T(test_clock_skew_is_no_property),
         T(test_env_overrides_defaults),
         T(test_env_covers_every_setting),
         T(test_env_empty_counts_as_unset),

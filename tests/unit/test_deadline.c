@@ -333,31 +333,6 @@ static void test_leap_years(void **state) {
                      LAPSE_ERR_MSG_TIME);
 }
 
-static void test_clock_skew_hook(void **state) {
-    (void)state;
-    lapse_clock_set_skew_ms(0);
-    int64_t before = lapse_clock_now_ms();
-    /* 2020-01-01: any real clock running these tests is later. */
-    assert_true(before > INT64_C(1577836800000));
-
-    lapse_clock_set_skew_ms(INT64_C(3600000));
-    int64_t skewed = lapse_clock_now_ms();
-    lapse_clock_set_skew_ms(0);
-    int64_t after = lapse_clock_now_ms();
-    assert_true(skewed >= before + 3600000);
-    assert_true(skewed <= after + 3600000);
-
-    lapse_clock_set_skew_ms(-INT64_C(86400000));
-    assert_true(lapse_clock_now_ms() <= after - 86400000 + 60000);
-
-    /* Absurd skews saturate instead of overflowing. */
-    lapse_clock_set_skew_ms(INT64_MAX);
-    assert_int_equal(lapse_clock_now_ms(), INT64_MAX);
-    lapse_clock_set_skew_ms(INT64_MIN);
-    assert_true(lapse_clock_now_ms() < 0);
-    lapse_clock_set_skew_ms(0);
-}
-
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_duration_parse_accepts_each_unit),
@@ -370,7 +345,6 @@ int main(void) {
         cmocka_unit_test(test_time_format),
         cmocka_unit_test(test_time_round_trips_every_day),
         cmocka_unit_test(test_leap_years),
-        cmocka_unit_test(test_clock_skew_hook),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

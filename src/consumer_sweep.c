@@ -1,0 +1,88 @@
+/* SPDX-License-Identifier: MIT
+ * Consumer: the safety net in process (docs/design.md, "The safety nets"). Every
+ * sweep_every, orders never confirmed are published again and orders still pending a
+ * grace period after their deadline are cancelled directly, by the consumer's decision
+ * clock for direct cancels. While the broker is down, the direct cancels still run:
+ * they need only the store. */
+#include "consumer_int.h"
+
+#include <lapse/sweep.h>
+
+#include <stdio.h>
+
+typedef struct budget {
+    const volatile sig_atomic_t *stop;
+    int64_t until; /* mono */
+} budget_t;
+
+/* Asked between batches and between busy-store retries: a stop or the end of the time
+ * budget ends the call (report.more says there is more). */
+static int over_budget(void *opaque, const lapse_sweep_report_t *so_far) {
+    (void)so_far;
+    const budget_t *b = opaque;
+    return *b->stop || lapse__mono_ms() >= b->until;
+}
+
+static void log_skipped(lapse_consumer_t *c, const char *why) {
+    if (why == c->sweep_skipped) {
+        return; /* said when it started; said again when it changes */
+    }
+    c->sweep_skipped = why;
+    if (why) {
+        lapse__log(
+            c->cfg, LAPSE_LOG_WARN,
+            "event=sweep_cancel_skipped reason=%s note=\"no time known to be at or "
+            "before the broker's; direct cancels wait for one\"",
+            why);
+    }
+}
+
+void lapse__consumer_sweep(lapse_consumer_t *c, bool broker_up) {
+    int64_t mono = lapse__mono_ms();
+    if (c->cfg->sweep_every_ms <= 0 || mono < c->sweep_at || *c->stop) {
+        return;
+    }
+    lapse_sweep_opts_t opts;
+    lapse_sweep_opts_init(&opts);
+    opts.grace_ms = c->cfg->sweep_grace_ms;
+    opts.in_flight_ms = c->cfg->sweep_in_flight_ms;
+    opts.max_orders = CONSUMER_SWEEP_CHUNK;
+    opts.events = false;        /* the consumer publishes the outbox itself */
+    opts.republish = broker_up; /* publishing needs the broker */
+    const char *why = NULL;
+    opts.now_ms = lapse__consumer_sweep_now(c, broker_up, &why);
+    opts.cancel = opts.now_ms != LAPSE__NOTHING_DUE;
+    log_skipped(c, why);
+    budget_t budget = {.stop = c->stop,
+                       .until = lapse__time_add(mono, CONSUMER_SWEEP_BUDGET_MS)};
+    opts.progress = over_budget;
+    opts.progress_opaque = &budget;
+    lapse_sweep_report_t report = {0};
+    lapse_error_t err = {0};
+    lapse_status_t rc = LAPSE_OK;
+    if (opts.cancel || opts.republish) {
+        rc = lapse_sweep_run(c->cfg, c->store, &opts, &report, &err);
+    }
+    bool stopped = rc == LAPSE_ERR_STOPPED;
+    /* More to do (a full chunk, or the budget ran out): again on the next pass, after
+     * the deliveries that came meanwhile. */
+    c->sweep_at = report.more && (rc == LAPSE_OK || stopped)
+                      ? lapse__mono_ms()
+                      : lapse__time_add(lapse__mono_ms(), c->cfg->sweep_every_ms);
+    if (rc != LAPSE_OK && !stopped) {
+        char text[sizeof err.text];
+        snprintf(text, sizeof text, "%s", err.text);
+        lapse__consumer_sanitize(text);
+        lapse__log(c->cfg, LAPSE_LOG_WARN, "event=sweep_failed status=%s reason=\"%s\"",
+                   lapse_status_name(rc), text);
+    }
+    if (report.republished + report.cancelled + report.failed > 0) {
+        lapse__log(c->cfg, LAPSE_LOG_INFO,
+                   "event=sweep republished=%llu cancelled=%llu failed=%llu more=%d "
+                   "broker=%s",
+                   (unsigned long long)report.republished,
+                   (unsigned long long)report.cancelled,
+                   (unsigned long long)report.failed, report.more ? 1 : 0,
+                   broker_up ? "up" : "down");
+    }
+}
