@@ -54,7 +54,8 @@
 #define CONSUMER_PROBE_RETRY_MS    60000
 
 typedef struct delivery {
-    amqp_envelope_t env;
+    amqp_envelope_t env; /* its body holds at most LAPSE_MSG_MAX_BODY bytes */
+    uint64_t body_size;  /* the body's real size */
     lapse_expiry_msg_t msg;
     bool decoded;          /* msg holds a valid expiry message */
     bool undated;          /* never dead-lettered: no broker time vouches for it */
