@@ -103,7 +103,7 @@ static lapse_status_t collect(lapse_consumer_t *c, lapse_error_t *err) {
         delivery_t *d = &c->batch[c->n];
         bool got = false;
         lapse_status_t rc = lapse__broker_consume_next(
-            &c->in, &d->env, wait_ms, LAPSE_MSG_MAX_BODY, &d->body_size, &got, err);
+            &c->in, &d->env, wait_ms, CONSUMER_BODY_KEEP, &d->body_size, &got, err);
         if (rc != LAPSE_OK) {
             return rc;
         }

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT
  * Issue 10, bounded memory: 16 MiB bodies in <prefix>.expired are parked with a reason
- * and their first 4096 bytes, never held whole (the consumer reads and drops the rest
+ * and their first 16384 bytes, never held whole (the consumer reads and drops the rest
  * frame by frame), while good orders beside them are cancelled once and never early. The
  * consumer's peak RSS (VmHWM) stays far below one such body. */
 #include <setjmp.h>
@@ -45,7 +45,7 @@ static long hwm_kb(pid_t pid) {
 typedef struct parked {
     size_t n;
     size_t with_reason;
-    size_t cut_to_4096;
+    size_t cut_to_keep;
 } parked_t;
 
 static void on_parked(void *opaque, const h_msg_t *m) {
@@ -55,7 +55,7 @@ static void on_parked(void *opaque, const h_msg_t *m) {
     snprintf(want, sizeof want, "ERR_MSG_TOO_LARGE: body is %u bytes, more than 4096",
              BIG_SIZE);
     p->with_reason += strstr(m->reason, want) != NULL;
-    p->cut_to_4096 += m->len == 4096 && m->body[0] == 'x' && m->body[4095] == 'x';
+    p->cut_to_keep += m->len == 16384 && m->body[0] == 'x' && m->body[16383] == 'x';
 }
 
 static void test_big_bodies_parked_without_being_held(void **state) {
@@ -96,12 +96,12 @@ static void test_big_bodies_parked_without_being_held(void **state) {
 
     parked_t p = {0};
     h_drain(conn, parked_queue, 500, on_parked, &p);
-    printf("bodies: %d bodies of %u bytes parked=%zu with_reason=%zu cut_to_4096=%zu "
+    printf("bodies: %d bodies of %u bytes parked=%zu with_reason=%zu cut_to_keep=%zu "
            "consumer_hwm_kb=%ld (bound %d)\n",
-           BIG, BIG_SIZE, p.n, p.with_reason, p.cut_to_4096, hwm, HWM_BOUND_KB);
+           BIG, BIG_SIZE, p.n, p.with_reason, p.cut_to_keep, hwm, HWM_BOUND_KB);
     assert_int_equal(p.n, BIG);
     assert_int_equal(p.with_reason, BIG);
-    assert_int_equal(p.cut_to_4096, BIG);
+    assert_int_equal(p.cut_to_keep, BIG);
     assert_true(hwm > 0);
     assert_true(hwm < HWM_BOUND_KB);
 
