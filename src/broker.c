@@ -7,6 +7,7 @@
 #include <lapse/message.h>
 
 #include <amqp_tcp_socket.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -469,17 +470,9 @@ lapse_status_t lapse__broker_consume(lapse__broker_t *broker, const char *queue,
  * rabbitmq-c's amqp_consumer.c example does): a close is answered with its close-ok and
  * ends the session; a basic.cancel (the queue was deleted) ends it too; anything else
  * (a heartbeat, a late reply) is let go. */
-static lapse_status_t unexpected_frame(lapse__broker_t *broker, lapse_error_t *err) {
-    amqp_frame_t frame;
-    int st = amqp_simple_wait_frame(broker->conn, &frame);
-    if (st != AMQP_STATUS_OK) {
-        broker->open = false;
-        return lapse_error_set(err, LAPSE_ERR_BROKER_CLOSED, "consume: %s",
-                               amqp_error_string2(st));
-    }
-    if (frame.frame_type != AMQP_FRAME_METHOD) {
-        return LAPSE_OK;
-    }
+static lapse_status_t handle_method(lapse__broker_t *broker, const amqp_frame_t *f,
+                                    lapse_error_t *err) {
+    amqp_frame_t frame = *f;
     switch (frame.payload.method.id) {
         case AMQP_CHANNEL_CLOSE_METHOD: {
             amqp_channel_close_t *m = frame.payload.method.decoded;
@@ -504,29 +497,176 @@ static lapse_status_t unexpected_frame(lapse__broker_t *broker, lapse_error_t *e
     }
 }
 
+/* Copy bytes into pool; false when out of memory. */
+static bool pool_dup(amqp_pool_t *pool, amqp_bytes_t in, amqp_bytes_t *out) {
+    if (in.len == 0) {
+        *out = amqp_empty_bytes;
+        return true;
+    }
+    amqp_pool_alloc_bytes(pool, in.len, out);
+    if (out->bytes == NULL) {
+        return false;
+    }
+    memcpy(out->bytes, in.bytes, in.len);
+    return true;
+}
+
+/* A content header's properties, copied into pool: the frame's own memory goes with the
+ * next release of the channel's buffers, which reading a large body frame by frame does.
+ */
+static bool clone_props(const amqp_basic_properties_t *in, amqp_basic_properties_t *out,
+                        amqp_pool_t *pool) {
+    *out = *in;
+    const struct {
+        amqp_flags_t flag;
+        size_t offset;
+    } fields[] = {
+        {AMQP_BASIC_CONTENT_TYPE_FLAG, offsetof(amqp_basic_properties_t, content_type)},
+        {AMQP_BASIC_CONTENT_ENCODING_FLAG,
+         offsetof(amqp_basic_properties_t, content_encoding)},
+        {AMQP_BASIC_CORRELATION_ID_FLAG,
+         offsetof(amqp_basic_properties_t, correlation_id)},
+        {AMQP_BASIC_REPLY_TO_FLAG, offsetof(amqp_basic_properties_t, reply_to)},
+        {AMQP_BASIC_EXPIRATION_FLAG, offsetof(amqp_basic_properties_t, expiration)},
+        {AMQP_BASIC_MESSAGE_ID_FLAG, offsetof(amqp_basic_properties_t, message_id)},
+        {AMQP_BASIC_TYPE_FLAG, offsetof(amqp_basic_properties_t, type)},
+        {AMQP_BASIC_USER_ID_FLAG, offsetof(amqp_basic_properties_t, user_id)},
+        {AMQP_BASIC_APP_ID_FLAG, offsetof(amqp_basic_properties_t, app_id)},
+        {AMQP_BASIC_CLUSTER_ID_FLAG, offsetof(amqp_basic_properties_t, cluster_id)},
+    };
+    for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
+        if (in->_flags & fields[i].flag) {
+            const amqp_bytes_t *src =
+                (const amqp_bytes_t *)((const char *)in + fields[i].offset);
+            amqp_bytes_t *dst = (amqp_bytes_t *)((char *)out + fields[i].offset);
+            if (!pool_dup(pool, *src, dst)) {
+                return false;
+            }
+        }
+    }
+    if (in->_flags & AMQP_BASIC_HEADERS_FLAG) {
+        return amqp_table_clone(&in->headers, &out->headers, pool) == AMQP_STATUS_OK;
+    }
+    return true;
+}
+
+static lapse_status_t content_broken(lapse__broker_t *broker, const char *why,
+                                     lapse_error_t *err) {
+    broker->open = false;
+    return lapse_error_set(err, LAPSE_ERR_BROKER_PROTOCOL, "consume: %s", why);
+}
+
+/* The content of a delivery whose basic.deliver is in hand: its header and body frames.
+ * At most keep bytes of the body are kept; the rest is read and dropped, releasing the
+ * channel's buffers frame by frame, so a 16 MiB body never sits in memory whole
+ * (docs/design.md, "Bounded memory"). */
+static lapse_status_t read_content(lapse__broker_t *broker, amqp_channel_t channel,
+                                   amqp_message_t *msg, size_t keep, uint64_t *body_size,
+                                   lapse_error_t *err) {
+    amqp_frame_t frame;
+    int st = amqp_simple_wait_frame(broker->conn, &frame);
+    if (st != AMQP_STATUS_OK) {
+        broker->open = false;
+        return lapse_error_set(err, LAPSE_ERR_BROKER_CLOSED, "consume: %s",
+                               amqp_error_string2(st));
+    }
+    if (frame.frame_type != AMQP_FRAME_HEADER || frame.channel != channel) {
+        return content_broken(broker, "a delivery without its content header", err);
+    }
+    if (!clone_props(frame.payload.properties.decoded, &msg->properties, &msg->pool)) {
+        return lapse_error_set(err, LAPSE_ERR_NOMEM, "consume: message properties");
+    }
+    uint64_t size = frame.payload.properties.body_size;
+    *body_size = size;
+    size_t kept = size < keep ? (size_t)size : keep;
+    if (kept > 0) {
+        msg->body = amqp_bytes_malloc(kept);
+        if (msg->body.bytes == NULL) {
+            return lapse_error_set(err, LAPSE_ERR_NOMEM, "consume: message body");
+        }
+    }
+    uint64_t read = 0;
+    while (read < size) {
+        /* What was needed of the frames so far is copied: let their buffers go. */
+        amqp_maybe_release_buffers_on_channel(broker->conn, channel);
+        st = amqp_simple_wait_frame(broker->conn, &frame);
+        if (st != AMQP_STATUS_OK) {
+            broker->open = false;
+            return lapse_error_set(err, LAPSE_ERR_BROKER_CLOSED, "consume: %s",
+                                   amqp_error_string2(st));
+        }
+        if (frame.frame_type != AMQP_FRAME_BODY || frame.channel != channel) {
+            return content_broken(broker, "a delivery's body cut short", err);
+        }
+        amqp_bytes_t part = frame.payload.body_fragment;
+        if (read < kept) {
+            size_t take = kept - (size_t)read < part.len ? kept - (size_t)read : part.len;
+            memcpy((char *)msg->body.bytes + read, part.bytes, take);
+        }
+        read += part.len;
+    }
+    if (read != size) {
+        return content_broken(broker, "a delivery's body is longer than its header says",
+                              err);
+    }
+    return LAPSE_OK;
+}
+
 lapse_status_t lapse__broker_consume_next(lapse__broker_t *broker, amqp_envelope_t *env,
-                                          int64_t timeout_ms, bool *got,
+                                          int64_t timeout_ms, size_t keep,
+                                          uint64_t *body_size, bool *got,
                                           lapse_error_t *err) {
     *got = false;
+    memset(env, 0, sizeof *env);
+    init_amqp_pool(&env->message.pool, 4096);
     if (timeout_ms < 0) {
         timeout_ms = 0;
     }
     struct timeval tv = {.tv_sec = timeout_ms / 1000,
                          .tv_usec = (suseconds_t)((timeout_ms % 1000) * 1000)};
-    amqp_rpc_reply_t r = amqp_consume_message(broker->conn, env, &tv, 0);
-    if (r.reply_type == AMQP_RESPONSE_NORMAL) {
-        *got = true;
+    amqp_frame_t frame;
+    int st = amqp_simple_wait_frame_noblock(broker->conn, &frame, &tv);
+    if (st == AMQP_STATUS_TIMEOUT) {
         return LAPSE_OK;
     }
-    if (r.reply_type == AMQP_RESPONSE_LIBRARY_EXCEPTION &&
-        r.library_error == AMQP_STATUS_TIMEOUT) {
-        return LAPSE_OK;
+    if (st != AMQP_STATUS_OK) {
+        broker->open = false;
+        return lapse_error_set(err, LAPSE_ERR_BROKER_CLOSED, "consume: %s",
+                               amqp_error_string2(st));
     }
-    if (r.reply_type == AMQP_RESPONSE_LIBRARY_EXCEPTION &&
-        r.library_error == AMQP_STATUS_UNEXPECTED_STATE) {
-        return unexpected_frame(broker, err);
+    if (frame.frame_type != AMQP_FRAME_METHOD) {
+        return LAPSE_OK; /* heartbeats are answered inside rabbitmq-c */
     }
-    return lapse__broker_reply(broker, r, "consume", err);
+    if (frame.payload.method.id != AMQP_BASIC_DELIVER_METHOD) {
+        return handle_method(broker, &frame, err);
+    }
+    const amqp_basic_deliver_t *m = frame.payload.method.decoded;
+    env->channel = frame.channel;
+    env->delivery_tag = m->delivery_tag;
+    env->redelivered = m->redelivered;
+    env->consumer_tag = amqp_bytes_malloc_dup(m->consumer_tag);
+    env->exchange = amqp_bytes_malloc_dup(m->exchange);
+    env->routing_key = amqp_bytes_malloc_dup(m->routing_key);
+    if ((m->consumer_tag.len && !env->consumer_tag.bytes) ||
+        (m->exchange.len && !env->exchange.bytes) ||
+        (m->routing_key.len && !env->routing_key.bytes)) {
+        amqp_destroy_envelope(env);
+        return lapse_error_set(err, LAPSE_ERR_NOMEM, "consume: delivery");
+    }
+    uint64_t size = 0;
+    lapse_status_t rc =
+        read_content(broker, frame.channel, &env->message, keep, &size, err);
+    if (rc != LAPSE_OK) {
+        amqp_destroy_envelope(env);
+        memset(env, 0, sizeof *env);
+        init_amqp_pool(&env->message.pool, 4096);
+        return rc;
+    }
+    if (body_size) {
+        *body_size = size;
+    }
+    *got = true;
+    return LAPSE_OK;
 }
 
 void lapse__broker_envelope_clear(lapse__broker_t *broker, amqp_envelope_t *env) {

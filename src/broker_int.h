@@ -111,14 +111,17 @@ lapse_status_t lapse__broker_consume(lapse__broker_t *broker, const char *queue,
 
 /**
  * Wait up to timeout_ms for the next delivery. LAPSE_OK with *got = true: env is filled
- * (new: release it with lapse__broker_envelope_clear); LAPSE_OK with *got = false: none
- * came in time, or a frame that needs nothing came instead. A channel.close or
+ * (new: release it with lapse__broker_envelope_clear) with at most keep bytes of the
+ * body (the rest is read and dropped, never held whole), and *body_size (optional)
+ * receives the body's real size; LAPSE_OK with *got = false: none came in time, or a
+ * frame that needs nothing came instead. env can always be cleared. A channel.close or
  * connection.close is answered with its close-ok and returned as
  * LAPSE_ERR_BROKER_CLOSED (LAPSE_ERR_BROKER_LOGIN for a connection closed with 403/530),
  * as is a basic.cancel from the broker.
  */
 lapse_status_t lapse__broker_consume_next(lapse__broker_t *broker, amqp_envelope_t *env,
-                                          int64_t timeout_ms, bool *got,
+                                          int64_t timeout_ms, size_t keep,
+                                          uint64_t *body_size, bool *got,
                                           lapse_error_t *err);
 
 /** Release a delivery taken with lapse__broker_consume_next. */

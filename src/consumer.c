@@ -102,8 +102,8 @@ static lapse_status_t collect(lapse_consumer_t *c, lapse_error_t *err) {
         }
         delivery_t *d = &c->batch[c->n];
         bool got = false;
-        lapse_status_t rc =
-            lapse__broker_consume_next(&c->in, &d->env, wait_ms, &got, err);
+        lapse_status_t rc = lapse__broker_consume_next(
+            &c->in, &d->env, wait_ms, CONSUMER_BODY_KEEP, &d->body_size, &got, err);
         if (rc != LAPSE_OK) {
             return rc;
         }
@@ -205,6 +205,18 @@ static lapse_status_t settle(lapse_consumer_t *c, int64_t now,
              * clear it, or a parked line would name the order of an earlier delivery. */
             memset(&d->msg, 0, sizeof d->msg);
             d->reason[0] = '\0';
+            if (d->body_size > body.len) {
+                /* Only its first bytes were kept (lapse__broker_consume_next): park
+                 * those, saying how large it was. */
+                d->decoded = false;
+                snprintf(
+                    d->reason, sizeof d->reason,
+                    "%s: body is %llu bytes, more than %d; parked with its first %zu "
+                    "bytes",
+                    lapse_status_name(LAPSE_ERR_MSG_TOO_LARGE),
+                    (unsigned long long)d->body_size, LAPSE_MSG_MAX_BODY, body.len);
+                continue;
+            }
             d->decoded =
                 lapse_expiry_msg_decode(body.bytes, body.len, &d->msg, &derr) == LAPSE_OK;
             if (!d->decoded) {

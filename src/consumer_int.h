@@ -6,6 +6,11 @@
  * the owed order.cancelled events; consumer_clock.c keeps the broker-clock floor
  * (samples, probe, steps); consumer_sweep.c runs the safety net in process. */
 #ifndef LAPSE_CONSUMER_INT_H
+/* Bytes of a delivery's body the consumer keeps: a larger body is parked with its first
+ * CONSUMER_BODY_KEEP bytes and its size, read past without being held whole. Above the
+ * decoder's limit (LAPSE_MSG_MAX_BODY), so a slightly oversized body is parked verbatim;
+ * small enough that a batch of them stays a few MB. */
+#define CONSUMER_BODY_KEEP 16384
 #define LAPSE_CONSUMER_INT_H
 
 #include <lapse/consumer.h>
@@ -54,7 +59,8 @@
 #define CONSUMER_PROBE_RETRY_MS    60000
 
 typedef struct delivery {
-    amqp_envelope_t env;
+    amqp_envelope_t env; /* its body holds at most CONSUMER_BODY_KEEP bytes */
+    uint64_t body_size;  /* the body's real size */
     lapse_expiry_msg_t msg;
     bool decoded;          /* msg holds a valid expiry message */
     bool undated;          /* never dead-lettered: no broker time vouches for it */
