@@ -406,15 +406,18 @@ static lapse_status_t process(lapse_consumer_t *c, const volatile sig_atomic_t *
     if (rc == LAPSE_OK && forwards) {
         rc = lapse__consumer_ensure_out(c, err);
     }
+    c->batch_settled = false;
     if (rc == LAPSE_OK && forwards) {
         rc = lapse__consumer_forward(c, now, err);
     }
     if (rc != LAPSE_OK) {
         return rc; /* nothing acked: the broker redelivers the batch */
     }
-    /* The store committed and every forward was confirmed: one ack covers the batch. */
+    /* The store committed and every forward was confirmed: one ack covers the batch
+     * (unless a forward failed and the batch was settled delivery by delivery). */
     uint64_t last = c->batch[c->n - 1].env.delivery_tag;
-    int st = amqp_basic_ack(c->in.conn, LAPSE__CHANNEL, last, 1);
+    int st = c->batch_settled ? AMQP_STATUS_OK
+                              : amqp_basic_ack(c->in.conn, LAPSE__CHANNEL, last, 1);
     if (st != AMQP_STATUS_OK) {
         c->in.open = false;
         return lapse_error_set(err, LAPSE_ERR_BROKER_CLOSED, "ack: %s",
@@ -450,6 +453,8 @@ static lapse_status_t connect_all(lapse_consumer_t *c, lapse_error_t *err) {
 
 static lapse_status_t session(lapse_consumer_t *c, const volatile sig_atomic_t *stop,
                               bool *progress, lapse_error_t *err) {
+    /* A missing queue or exchange is named with its fix before forwards fail on it. */
+    lapse__topology_check(c->cfg, &c->topo, NULL, NULL);
     lapse_status_t rc = connect_all(c, err);
     if (rc == LAPSE_OK) {
         lapse__log(c->cfg, LAPSE_LOG_INFO, "event=consuming queue=%s prefetch=%d",
@@ -481,6 +486,8 @@ static lapse_status_t session(lapse_consumer_t *c, const volatile sig_atomic_t *
 lapse_status_t lapse_consumer_run(lapse_consumer_t *c, const volatile sig_atomic_t *stop,
                                   lapse_error_t *err) {
     unsigned attempt = 0;
+    c->stop = stop;
+    c->out.stop = stop;
     while (!*stop) {
         bool progress = false;
         lapse_status_t rc = session(c, stop, &progress, err);

@@ -53,6 +53,9 @@ typedef struct delivery {
     int attempts;        /* failed attempts before this delivery (x-lapse-attempts) */
     int64_t deadline_ms; /* the deadline to wait for (early) */
     char reason[256];    /* why it is parked */
+    uint64_t fwd_tag;    /* its forward's publish tag on the out connection, 0: none */
+    lapse_status_t
+        fwd_rc; /* its forward's outcome (LAPSE_ERR_BROKER_TIMEOUT: unsettled) */
 } delivery_t;
 
 /* An upper bound on how far the local clock runs ahead of the broker's, learnt from the
@@ -93,6 +96,11 @@ struct lapse_consumer {
     skew_t skew;
     int64_t skew_logged; /* last bound logged, to log changes only */
     lapse_consumer_stats_t stats;
+    const volatile sig_atomic_t *stop; /* lapse_consumer_run's, for the brokers' waits */
+    /* lapse__consumer_forward acked and nacked the batch delivery by delivery (some
+     * forward failed): the batch's multiple ack must not follow. */
+    bool batch_settled;
+    unsigned fwd_attempt; /* batches in a row with a failed forward */
 };
 
 /** How far (ms) the local clock may run ahead of the broker's, as learnt from x-death
@@ -115,7 +123,11 @@ void lapse__consumer_sanitize(char *text);
 /** (Re)open the publishing connection unless it is up or waiting out its backoff. */
 lapse_status_t lapse__consumer_ensure_out(lapse_consumer_t *c, lapse_error_t *err);
 
-/** Publish the batch's parked and re-held deliveries; all confirmed on LAPSE_OK. */
+/** Publish the batch's parked and re-held deliveries; all confirmed on LAPSE_OK, unless
+ *  c->batch_settled: then some forward failed, and the deliveries were acked one by one
+ *  (those settled: forward confirmed, or none needed) or, after a backoff, nacked back
+ *  to the queue (the rest), so that a forward that keeps failing holds up only its own
+ *  deliveries, never the queue. */
 lapse_status_t lapse__consumer_forward(lapse_consumer_t *c, int64_t now,
                                        lapse_error_t *err);
 

@@ -3,6 +3,7 @@
  * a publishing connection that recovers on its own. */
 #include "consumer_int.h"
 
+#include "clock_int.h"
 #include "events_int.h"
 #include "publisher_int.h"
 
@@ -17,6 +18,12 @@ static void on_settle(void *opaque, uint64_t tag, lapse_status_t outcome) {
     lapse_consumer_t *c = opaque;
     if (outcome != LAPSE_OK && c->out_failure == LAPSE_OK) {
         c->out_failure = outcome;
+    }
+    for (size_t i = 0; i < c->n; i++) {
+        if (c->batch[i].fwd_tag == tag) {
+            c->batch[i].fwd_rc = outcome;
+            break;
+        }
     }
 }
 
@@ -41,7 +48,8 @@ static bool is_own_header(amqp_bytes_t key) {
     return false;
 }
 
-static lapse_status_t park(lapse_consumer_t *c, delivery_t *d, lapse_error_t *err) {
+static lapse_status_t park(lapse_consumer_t *c, delivery_t *d, uint64_t *tag,
+                           lapse_error_t *err) {
     /* The parked copy keeps the body and properties and adds why it was parked. */
     amqp_basic_properties_t props = d->env.message.properties;
     amqp_table_t old =
@@ -69,9 +77,70 @@ static lapse_status_t park(lapse_consumer_t *c, delivery_t *d, lapse_error_t *er
     props.delivery_mode = AMQP_DELIVERY_PERSISTENT;
     lapse_status_t rc = lapse__broker_publish(&c->out, c->topo.parked_exchange, "", true,
                                               &props, d->env.message.body.bytes,
-                                              d->env.message.body.len, NULL, err);
+                                              d->env.message.body.len, tag, err);
     free(entries);
     return rc;
+}
+
+static bool needs_forward(const delivery_t *d) {
+    return d->action == ACT_PARK || d->action == ACT_EARLY || d->action == ACT_RETRY;
+}
+
+/* Some forward of the batch failed (a missing parked queue or delay exchange returns,
+ * nacks or closes the channel): redelivering the whole batch would fail the same way
+ * forever and hold up the queue behind it. Instead every delivery that is settled (its
+ * forward confirmed, or none needed: the store committed) is acked on its own, and the
+ * rest go back to the queue after a growing backoff, to be tried again; none is acked
+ * whose forward was not confirmed, none is lost. */
+static lapse_status_t forward_failed(lapse_consumer_t *c, lapse_status_t rc,
+                                     const lapse_error_t *why, lapse_error_t *err) {
+    size_t needed = 0;
+    size_t failed = 0;
+    for (size_t i = 0; i < c->n; i++) {
+        const delivery_t *d = &c->batch[i];
+        if (needs_forward(d)) {
+            needed++;
+            failed += !(d->fwd_tag != 0 && d->fwd_rc == LAPSE_OK);
+        }
+    }
+    lapse_status_t cause = rc != LAPSE_OK ? rc : c->out_failure;
+    char text[sizeof why->text];
+    snprintf(text, sizeof text, "%s",
+             rc != LAPSE_OK && why ? why->text : lapse_strerror(cause));
+    lapse__consumer_sanitize(text);
+    int64_t delay = lapse__backoff_ms(c->fwd_attempt++, 500, 5000);
+    lapse__log(c->cfg, LAPSE_LOG_WARN,
+               "event=forward_failed status=%s reason=\"%s\" failed=%zu of=%zu "
+               "requeue_in_ms=%lld note=\"the other deliveries are acked; these go back "
+               "to the queue (see event=topology_missing)\"",
+               lapse_status_name(cause), text, failed, needed, (long long)delay);
+    c->out_failure = LAPSE_OK;
+    if (!c->out.open || rc != LAPSE_OK) {
+        /* A closed channel or a timeout: the connection is opened afresh next time. */
+        lapse__broker_close(&c->out);
+    }
+    for (size_t i = 0; i < c->n; i++) {
+        const delivery_t *d = &c->batch[i];
+        bool settled = !needs_forward(d) || (d->fwd_tag != 0 && d->fwd_rc == LAPSE_OK);
+        if (settled && amqp_basic_ack(c->in.conn, LAPSE__CHANNEL, d->env.delivery_tag,
+                                      0) != AMQP_STATUS_OK) {
+            c->in.open = false;
+            return lapse_error_set(err, LAPSE_ERR_BROKER_CLOSED, "ack: connection lost");
+        }
+    }
+    /* Not at once: back at the head of the queue, they would come straight back. */
+    lapse__sleep_ms(delay, c->stop);
+    for (size_t i = 0; i < c->n; i++) {
+        const delivery_t *d = &c->batch[i];
+        bool settled = !needs_forward(d) || (d->fwd_tag != 0 && d->fwd_rc == LAPSE_OK);
+        if (!settled && amqp_basic_nack(c->in.conn, LAPSE__CHANNEL, d->env.delivery_tag,
+                                        0, 1) != AMQP_STATUS_OK) {
+            c->in.open = false;
+            return lapse_error_set(err, LAPSE_ERR_BROKER_CLOSED, "nack: connection lost");
+        }
+    }
+    c->batch_settled = true;
+    return LAPSE_OK;
 }
 
 /* Publish the parked and re-held deliveries; all must be confirmed before the ack. */
@@ -79,6 +148,10 @@ lapse_status_t lapse__consumer_forward(lapse_consumer_t *c, int64_t now,
                                        lapse_error_t *err) {
     lapse_status_t rc = LAPSE_OK;
     size_t forwarded = 0;
+    for (size_t i = 0; i < c->n; i++) {
+        c->batch[i].fwd_tag = 0;
+        c->batch[i].fwd_rc = LAPSE_ERR_BROKER_TIMEOUT;
+    }
     for (size_t i = 0; i < c->n && rc == LAPSE_OK; i++) {
         delivery_t *d = &c->batch[i];
         if (d->action == ACT_RETRY && d->attempts + 1 >= c->cfg->max_attempts) {
@@ -99,7 +172,7 @@ lapse_status_t lapse__consumer_forward(lapse_consumer_t *c, int64_t now,
             lapse__log(c->cfg, LAPSE_LOG_WARN,
                        "event=decision order_id=%s decision=parked reason=\"%s\"",
                        d->msg.order_id[0] ? d->msg.order_id : "-", logged);
-            rc = park(c, d, err);
+            rc = park(c, d, &d->fwd_tag, err);
             c->stats.parked++;
             forwarded++;
         } else if (d->action == ACT_EARLY) {
@@ -118,9 +191,9 @@ lapse_status_t lapse__consumer_forward(lapse_consumer_t *c, int64_t now,
                        d->msg.order_id, (long long)remaining,
                        d->undated ? "undated" : "ahead", (long long)route.seconds);
             d->msg.deadline_ms = d->deadline_ms;
-            rc =
-                lapse__publish_expiry(&c->out, c->topo.delay[route.top],
-                                      route.routing_key, &d->msg, d->attempts, NULL, err);
+            rc = lapse__publish_expiry(&c->out, c->topo.delay[route.top],
+                                       route.routing_key, &d->msg, d->attempts,
+                                       &d->fwd_tag, err);
             c->stats.early++;
             forwarded++;
         } else if (d->action == ACT_RETRY) {
@@ -141,9 +214,9 @@ lapse_status_t lapse__consumer_forward(lapse_consumer_t *c, int64_t now,
                        "delay_ms=%lld reason=\"%s\"",
                        d->msg.order_id, d->attempts, c->cfg->max_attempts,
                        (long long)delay, logged);
-            rc =
-                lapse__publish_expiry(&c->out, c->topo.delay[route.top],
-                                      route.routing_key, &d->msg, d->attempts, NULL, err);
+            rc = lapse__publish_expiry(&c->out, c->topo.delay[route.top],
+                                       route.routing_key, &d->msg, d->attempts,
+                                       &d->fwd_tag, err);
             c->stats.retried++;
             forwarded++;
         }
@@ -151,12 +224,24 @@ lapse_status_t lapse__consumer_forward(lapse_consumer_t *c, int64_t now,
     if (rc == LAPSE_OK && forwarded > 0) {
         rc = lapse__broker_wait_confirms(&c->out, CONSUMER_CONFIRM_WAIT_MS, err);
     }
-    if (rc == LAPSE_OK && c->out_failure != LAPSE_OK) {
-        rc = lapse_error_set(err, c->out_failure, "forwarding a delivery: %s",
-                             lapse_strerror(c->out_failure));
-        c->out_failure = LAPSE_OK;
+    bool all_ok = rc == LAPSE_OK;
+    for (size_t i = 0; i < c->n && all_ok; i++) {
+        const delivery_t *d = &c->batch[i];
+        all_ok = !needs_forward(d) || (d->fwd_tag != 0 && d->fwd_rc == LAPSE_OK);
     }
-    return rc;
+    if (all_ok) {
+        c->out_failure = LAPSE_OK;
+        c->fwd_attempt = 0;
+        return LAPSE_OK;
+    }
+    if (rc == LAPSE_ERR_STOPPED || (rc != LAPSE_OK && !c->in.open)) {
+        return rc; /* nothing acked: the broker redelivers the batch */
+    }
+    lapse_error_t why = {0};
+    if (rc != LAPSE_OK && err) {
+        why = *err;
+    }
+    return forward_failed(c, rc, &why, err);
 }
 
 static void out_failed(lapse_consumer_t *c, lapse_status_t rc, const lapse_error_t *why,
@@ -176,7 +261,11 @@ static void out_failed(lapse_consumer_t *c, lapse_status_t rc, const lapse_error
 static lapse_status_t open_out(lapse_consumer_t *c, lapse_error_t *err) {
     char name[sizeof c->name + 4];
     snprintf(name, sizeof name, "%s out", c->name);
-    return lapse__broker_open(&c->out, c->cfg, name, CONSUMER_WINDOW, on_settle, c, err);
+    lapse_status_t rc =
+        lapse__broker_open(&c->out, c->cfg, name, CONSUMER_WINDOW, on_settle, c, err);
+    /* SIGTERM ends the out connection's waits too (a blocked broker, confirms). */
+    c->out.stop = c->stop;
+    return rc;
 }
 
 /* The publishing connection fails on its own (an events exchange deleted, a missed
@@ -328,6 +417,9 @@ void lapse__consumer_events_final(lapse_consumer_t *c) {
     if (owed > 0 && !c->out.open) {
         rc = open_out(c, &err);
     }
+    /* Already stopping: this flush has its own bound instead of the stop flag. */
+    c->out.stop = NULL;
+    c->out.give_up_at = lapse__mono_ms() + CONSUMER_STOP_EVENTS_MS;
     size_t k = 0;
     while (rc == LAPSE_OK && k < owed && total.returned == 0) {
         int64_t left = deadline - lapse_clock_now_ms();
