@@ -15,6 +15,8 @@
 #define CONFIRM_WAIT_MS 30000 /* a full window waits this long for the broker */
 /* The longest single step of a wait: the stop flag is looked at between steps. */
 #define WAIT_STEP_MS 200
+/* The longest a graceful close waits for each of its two replies. */
+#define CLOSE_WAIT_S 5
 /* Room for "publish to <exchange>" in a wait's error text. */
 #define WHAT_MAX 160
 /* Headers of a publish up to this many are stamped on the stack, more on the heap. */
@@ -595,7 +597,12 @@ void lapse__broker_close(lapse__broker_t *broker) {
         broker->first_open = broker->next_tag;
     }
     if (broker->conn) {
-        if (broker->open) {
+        /* A blocked connection is not read by the broker: a graceful close would wait
+         * out the RPC timeout. Dropping the socket is as good (the broker requeues and
+         * cleans up), so only an unblocked one is closed politely, within CLOSE_WAIT. */
+        if (broker->open && !broker->blocked) {
+            struct timeval tv = {.tv_sec = CLOSE_WAIT_S, .tv_usec = 0};
+            amqp_set_rpc_timeout(broker->conn, &tv);
             amqp_channel_close(broker->conn, LAPSE__CHANNEL, AMQP_REPLY_SUCCESS);
             amqp_connection_close(broker->conn, AMQP_REPLY_SUCCESS);
         }
