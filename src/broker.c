@@ -103,6 +103,7 @@ lapse_status_t lapse__broker_open(lapse__broker_t *broker, const lapse_config_t 
     broker->first_open = 1;
     broker->settle_cb = settle_cb;
     broker->settle_opaque = settle_opaque;
+    broker->blocked_wait_ms = LAPSE__PUBLISH_WAIT_MS;
     if (window > 0) {
         broker->slots = calloc(window, sizeof *broker->slots);
         if (!broker->slots) {
@@ -272,6 +273,7 @@ static void set_blocked(lapse__broker_t *broker, bool blocked, amqp_bytes_t reas
         return;
     }
     broker->blocked = blocked;
+    broker->blocked_since = blocked ? lapse__mono_ms() : 0;
     if (blocked) {
         char text[128];
         lapse__bytes_to_str(reason, text, sizeof text);
@@ -304,7 +306,8 @@ static lapse_status_t may_wait(lapse__broker_t *broker, int64_t deadline,
                                    what, broker->blocked ? " (broker blocked)" : "");
         }
     }
-    if (now >= deadline || (broker->give_up_at > 0 && now >= broker->give_up_at)) {
+    if (now >= deadline || (broker->give_up_at > 0 && now >= broker->give_up_at) ||
+        (broker->blocked && now - broker->blocked_since >= broker->blocked_wait_ms)) {
         return lapse_error_set(err, LAPSE_ERR_BROKER_TIMEOUT, "%s: timed out%s", what,
                                broker->blocked ? ": the broker blocked the connection "
                                                  "(memory or disk alarm)"

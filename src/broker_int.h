@@ -38,6 +38,11 @@ typedef struct lapse__broker {
     /* The broker sent connection.blocked (a memory or disk alarm) and no unblocked yet:
      * it reads nothing from this connection, so nothing is published until unblocked. */
     bool blocked;
+    int64_t blocked_since; /* lapse__mono_ms() of the connection.blocked */
+    /* How long waits go on while the connection is blocked (from the connection.blocked
+     * frame on): LAPSE__PUBLISH_WAIT_MS after open; less for a caller with other work
+     * (the consumer), since nothing is published or confirmed until the alarm clears. */
+    int64_t blocked_wait_ms;
     /* Optional, set by the caller after open: once *stop is non-zero, every wait of this
      * broker (room to publish, confirms) gives up with LAPSE_ERR_STOPPED within
      * LAPSE__STOP_GRACE_MS, so SIGTERM is honoured even when the broker is blocked. */

@@ -487,7 +487,6 @@ lapse_status_t lapse_consumer_run(lapse_consumer_t *c, const volatile sig_atomic
                                   lapse_error_t *err) {
     unsigned attempt = 0;
     c->stop = stop;
-    c->out.stop = stop;
     while (!*stop) {
         bool progress = false;
         lapse_status_t rc = session(c, stop, &progress, err);

@@ -16,6 +16,8 @@
 /* How often an idle consumer looks at the stop flag. */
 #define CONSUMER_IDLE_WAIT_MS    500
 #define CONSUMER_CONFIRM_WAIT_MS 30000
+/* How long the publishing connection waits for a broker that blocked it (an alarm). */
+#define CONSUMER_BLOCKED_WAIT_MS 1000
 /* Outbox rows published in one go, and how often the outbox is looked at. */
 #define CONSUMER_EVENTS_CHUNK 1000
 /* How long a cancellation's event may wait for those of the next batches. */

@@ -263,8 +263,11 @@ static lapse_status_t open_out(lapse_consumer_t *c, lapse_error_t *err) {
     snprintf(name, sizeof name, "%s out", c->name);
     lapse_status_t rc =
         lapse__broker_open(&c->out, c->cfg, name, CONSUMER_WINDOW, on_settle, c, err);
-    /* SIGTERM ends the out connection's waits too (a blocked broker, confirms). */
+    /* SIGTERM ends the out connection's waits too (a blocked broker, confirms). While
+     * an alarm blocks it, forwards and events fail fast (requeued, left in the outbox)
+     * instead of holding up the cancelling, which goes on. */
     c->out.stop = c->stop;
+    c->out.blocked_wait_ms = CONSUMER_BLOCKED_WAIT_MS;
     return rc;
 }
 

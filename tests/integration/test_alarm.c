@@ -150,18 +150,23 @@ static void test_publish_blocked_broker_honours_sigterm(void **state) {
 
 /* A backlog in the expired queue, then a memory alarm: a consumer started during it
  * stops within the bound on SIGTERM (exit 0); a second one, started during the alarm,
- * cancels every order once the alarm clears: once each, none early. */
+ * has cancelled every order and published every event once the alarm clears: once
+ * each, none early. */
 static void test_consumer_during_memory_alarm(void **state) {
     (void)state;
     h_ctx_t h;
     h_setup(&h, "alarm-cons", "2s", true);
+    amqp_connection_state_t conn = h_amqp_open(&h);
+    char events[160], tap[160];
+    snprintf(events, sizeof events, "%s.events", h.prefix);
+    snprintf(tap, sizeof tap, "%s.tap", h.prefix);
+    h_tap(&h, conn, "tap", events, "order.cancelled");
     const char *args[] = {"publish", "--batch", "-", NULL};
     int in = -1;
     pid_t pub = h_spawn_stdin(&h, "publish.log", args, &in);
     write_orders(in, "ord", BACKLOG, "2s");
     close(in);
     assert_int_equal(h_stop(pub, 0, h_ms(30000)), 0);
-    amqp_connection_state_t conn = h_amqp_open(&h);
     char expired[160];
     snprintf(expired, sizeof expired, "%s.expired", h.prefix);
     for (int i = 0; i < 200 && h_queue_depth(conn, expired) < BACKLOG; i++) {
@@ -188,7 +193,15 @@ static void test_consumer_during_memory_alarm(void **state) {
     assert_int_equal(h_wait_sql(&h, BACKLOG, h_ms(60000),
                                 "SELECT count(*) FROM orders WHERE status='cancelled'"),
                      BACKLOG);
+    /* Events cannot go out during the alarm; after it, every one does. */
+    assert_int_equal(
+        h_wait_sql(&h, BACKLOG, h_ms(60000),
+                   "SELECT count(*) FROM events WHERE published_at_ms IS NOT "
+                   "NULL"),
+        BACKLOG);
     assert_int_equal(h_stop(second, SIGTERM, h_ms(STOP_BOUND)), 0);
+    size_t total = 0;
+    assert_int_equal(h_tap_event_orders(conn, tap, &total), BACKLOG);
     for (int i = 0; i < 100 && h_queue_depth(conn, expired) > 0; i++) {
         usleep(50000);
     }
