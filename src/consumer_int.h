@@ -56,8 +56,8 @@ typedef struct delivery {
     int64_t deadline_ms; /* the deadline to wait for (early) */
     char reason[256];    /* why it is parked */
     uint64_t fwd_tag;    /* its forward's publish tag on the out connection, 0: none */
-    lapse_status_t
-        fwd_rc; /* its forward's outcome (LAPSE_ERR_BROKER_TIMEOUT: unsettled) */
+    /* Its forward's outcome (LAPSE_ERR_BROKER_TIMEOUT while unsettled). */
+    lapse_status_t fwd_rc;
 } delivery_t;
 
 /* An upper bound on how far the local clock runs ahead of the broker's, learnt from the
