@@ -2,17 +2,25 @@
  * The rabbitmq-c boundary: connect, map replies to lapse codes, confirmed publishing. */
 #include "broker_int.h"
 
+#include "clock_int.h"
 #include "headers_int.h"
 
 #include <lapse/message.h>
 
 #include <amqp_tcp_socket.h>
+#include <poll.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #define CONFIRM_WAIT_MS 30000 /* a full window waits this long for the broker */
+/* The longest single step of a wait: the stop flag is looked at between steps. */
+#define WAIT_STEP_MS 200
+/* The longest a graceful close waits for each of its two replies. */
+#define CLOSE_WAIT_S 5
+/* Room for "publish to <exchange>" in a wait's error text. */
+#define WHAT_MAX 160
 /* Headers of a publish up to this many are stamped on the stack, more on the heap. */
 #define SEQ_HEADERS_FIXED 8
 
@@ -97,6 +105,7 @@ lapse_status_t lapse__broker_open(lapse__broker_t *broker, const lapse_config_t 
     broker->first_open = 1;
     broker->settle_cb = settle_cb;
     broker->settle_opaque = settle_opaque;
+    broker->blocked_wait_ms = LAPSE__PUBLISH_WAIT_MS;
     if (window > 0) {
         broker->slots = calloc(window, sizeof *broker->slots);
         if (!broker->slots) {
@@ -122,10 +131,22 @@ lapse_status_t lapse__broker_open(lapse__broker_t *broker, const lapse_config_t 
     struct timeval rpc = {.tv_sec = 30, .tv_usec = 0};
     amqp_set_rpc_timeout(broker->conn, &rpc);
 
-    amqp_table_entry_t props_entries[] = {lapse__entry_str("connection_name", conn_name),
-                                          lapse__entry_str("product", "lapse"),
-                                          lapse__entry_str("version", LAPSE_VERSION)};
-    amqp_table_t props = {.num_entries = 3, .entries = props_entries};
+    snprintf(broker->name, sizeof broker->name, "%s", conn_name);
+    /* rabbitmq-c 0.11 advertises authentication_failure_close and
+     * exchange_exchange_bindings only, and merges this table into its own. Without
+     * connection.blocked the broker blocks a publishing connection during an alarm
+     * without a word, and a publish then waits on a socket nobody reads. */
+    amqp_table_entry_t caps_entries[] = {
+        {.key = amqp_cstring_bytes("connection.blocked"),
+         .value = {.kind = AMQP_FIELD_KIND_BOOLEAN, .value = {.boolean = 1}}}};
+    amqp_table_entry_t props_entries[] = {
+        lapse__entry_str("connection_name", conn_name),
+        lapse__entry_str("product", "lapse"),
+        lapse__entry_str("version", LAPSE_VERSION),
+        {.key = amqp_cstring_bytes("capabilities"),
+         .value = {.kind = AMQP_FIELD_KIND_TABLE,
+                   .value = {.table = {.num_entries = 1, .entries = caps_entries}}}}};
+    amqp_table_t props = {.num_entries = 4, .entries = props_entries};
     amqp_rpc_reply_t reply = amqp_login_with_properties(
         broker->conn, cfg->vhost, 0, AMQP_DEFAULT_FRAME_SIZE, cfg->heartbeat, &props,
         AMQP_SASL_METHOD_PLAIN, cfg->user, cfg->password);
@@ -226,6 +247,66 @@ static void mark_returned(lapse__broker_t *broker, uint64_t seq) {
     }
 }
 
+/* connection.blocked / unblocked: logged once per change, not per frame. */
+static void set_blocked(lapse__broker_t *broker, bool blocked, amqp_bytes_t reason) {
+    if (broker->blocked == blocked) {
+        return;
+    }
+    broker->blocked = blocked;
+    broker->blocked_since = blocked ? lapse__mono_ms() : 0;
+    if (blocked) {
+        char text[128];
+        lapse__bytes_to_str(reason, text, sizeof text);
+        for (char *p = text; *p; p++) {
+            if (*p == '"' || (unsigned char)*p < 0x20) {
+                *p = '\'';
+            }
+        }
+        lapse__log(broker->cfg, LAPSE_LOG_WARN,
+                   "event=broker_blocked connection=\"%s\" reason=\"%s\" note=\"the "
+                   "broker takes no publishes until its alarm clears\"",
+                   broker->name, text);
+    } else {
+        lapse__log(broker->cfg, LAPSE_LOG_INFO,
+                   "event=broker_unblocked connection=\"%s\"", broker->name);
+    }
+}
+
+/* LAPSE_OK while a wait may go on: before deadline and give_up_at, and no later than
+ * LAPSE__STOP_GRACE_MS after the stop flag was first seen. */
+static lapse_status_t may_wait(lapse__broker_t *broker, int64_t deadline,
+                               const char *what, lapse_error_t *err) {
+    int64_t now = lapse__mono_ms();
+    if (broker->stop && *broker->stop) {
+        if (broker->stop_seen_at == 0) {
+            broker->stop_seen_at = now;
+        }
+        if (now - broker->stop_seen_at >= LAPSE__STOP_GRACE_MS) {
+            return lapse_error_set(err, LAPSE_ERR_STOPPED, "%s: stopped by request%s",
+                                   what, broker->blocked ? " (broker blocked)" : "");
+        }
+    }
+    if (now >= deadline || (broker->give_up_at > 0 && now >= broker->give_up_at) ||
+        (broker->blocked && now - broker->blocked_since >= broker->blocked_wait_ms)) {
+        return lapse_error_set(err, LAPSE_ERR_BROKER_TIMEOUT, "%s: timed out%s", what,
+                               broker->blocked ? ": the broker blocked the connection "
+                                                 "(memory or disk alarm)"
+                                               : "");
+    }
+    return LAPSE_OK;
+}
+
+/* How long the next step of a wait may take. */
+static int64_t step_ms(const lapse__broker_t *broker, int64_t deadline) {
+    int64_t now = lapse__mono_ms();
+    int64_t end = deadline;
+    if (broker->give_up_at > 0 && broker->give_up_at < end) {
+        end = broker->give_up_at;
+    }
+    int64_t left = end - now;
+    return left < 0 ? 0 : left < WAIT_STEP_MS ? left : WAIT_STEP_MS;
+}
+
 /* Read and handle one frame on a confirm-mode connection; *got says whether one came. */
 static lapse_status_t pump(lapse__broker_t *broker, int64_t timeout_ms, bool *got,
                            lapse_error_t *err) {
@@ -269,6 +350,14 @@ static lapse_status_t pump(lapse__broker_t *broker, int64_t timeout_ms, bool *go
             amqp_destroy_message(&msg);
             return LAPSE_OK;
         }
+        case AMQP_CONNECTION_BLOCKED_METHOD: {
+            amqp_connection_blocked_t *m = frame.payload.method.decoded;
+            set_blocked(broker, true, m->reason);
+            return LAPSE_OK;
+        }
+        case AMQP_CONNECTION_UNBLOCKED_METHOD:
+            set_blocked(broker, false, amqp_empty_bytes);
+            return LAPSE_OK;
         case AMQP_CHANNEL_CLOSE_METHOD: {
             amqp_channel_close_t *m = frame.payload.method.decoded;
             amqp_channel_close_ok_t ok = {0};
@@ -318,25 +407,23 @@ lapse_status_t lapse__broker_wait_settled(lapse__broker_t *broker, uint64_t upto
     if (!broker->conn) {
         return lapse_error_set(err, LAPSE_ERR_BROKER_CLOSED, "not connected");
     }
-    int64_t waited = 0;
+    int64_t deadline = lapse__time_add(lapse__mono_ms(), timeout_ms);
     while (broker->first_open <= upto_tag && broker->first_open < broker->next_tag) {
         if (!broker->open) {
             return lapse_error_set(err, LAPSE_ERR_BROKER_CLOSED,
                                    "connection lost with publishes unconfirmed");
         }
-        if (waited >= timeout_ms) {
-            return lapse_error_set(
-                err, LAPSE_ERR_BROKER_TIMEOUT, "%zu publishes unconfirmed after %lld ms",
-                lapse__broker_unsettled(broker), (long long)timeout_ms);
-        }
-        bool got;
-        int64_t step = timeout_ms - waited < 1000 ? timeout_ms - waited : 1000;
-        lapse_status_t rc = pump(broker, step, &got, err);
+        char what[64];
+        snprintf(what, sizeof what, "%zu publishes unconfirmed",
+                 lapse__broker_unsettled(broker));
+        lapse_status_t rc = may_wait(broker, deadline, what, err);
         if (rc != LAPSE_OK) {
             return rc;
         }
-        if (!got) {
-            waited += step;
+        bool got;
+        rc = pump(broker, step_ms(broker, deadline), &got, err);
+        if (rc != LAPSE_OK) {
+            return rc;
         }
     }
     amqp_maybe_release_buffers(broker->conn); /* see lapse__broker_poll */
@@ -351,6 +438,61 @@ lapse_status_t lapse__broker_wait_confirms(lapse__broker_t *broker, int64_t time
     return lapse__broker_wait_settled(broker, broker->next_tag - 1, timeout_ms, err);
 }
 
+/* rabbitmq-c writes a publish with no deadline: on a socket the broker stopped reading
+ * (it blocked the connection) amqp_basic_publish would wait forever, deaf to SIGTERM. So
+ * a publish starts only when the broker has not said connection.blocked and the socket
+ * has room; until then this waits, reading what the broker sends (the unblocked frame,
+ * confirms), within LAPSE__PUBLISH_WAIT_MS and the stop flag. The broker blocks a
+ * connection on the first publish after an alarm and says so at once, so at most the
+ * publishes sent before that frame arrives go into the socket, which has room for them;
+ * only a single message larger than the room left could still wait in rabbitmq-c (the
+ * README's max_message_size keeps messages small). */
+static lapse_status_t wait_room(lapse__broker_t *broker, const char *exchange,
+                                lapse_error_t *err) {
+    int64_t deadline = lapse__mono_ms() + LAPSE__PUBLISH_WAIT_MS;
+    int fd = amqp_get_sockfd(broker->conn);
+    for (;;) {
+        struct pollfd pfd = {.fd = fd, .events = POLLIN | POLLOUT};
+        int ready = poll(&pfd, 1, 0);
+        if (amqp_frames_enqueued(broker->conn) || amqp_data_in_buffer(broker->conn) ||
+            (ready > 0 && (pfd.revents & (POLLIN | POLLHUP | POLLERR)))) {
+            bool got = true;
+            for (int i = 0; i < 64 && got; i++) {
+                lapse_status_t rc = pump(broker, 0, &got, err);
+                if (rc != LAPSE_OK) {
+                    return rc;
+                }
+            }
+            if (!broker->open) {
+                return lapse_error_set(err, LAPSE_ERR_BROKER_CLOSED,
+                                       "publish: not connected");
+            }
+            pfd.revents = 0;
+            ready = poll(&pfd, 1, 0);
+        }
+        if (!broker->blocked && ready > 0 && (pfd.revents & POLLOUT)) {
+            return LAPSE_OK;
+        }
+        char what[WHAT_MAX];
+        snprintf(what, sizeof what, "publish to %s",
+                 exchange[0] ? exchange : "(default)");
+        lapse_status_t rc = may_wait(broker, deadline, what, err);
+        if (rc != LAPSE_OK) {
+            return rc;
+        }
+        if (broker->blocked) {
+            bool got;
+            rc = pump(broker, step_ms(broker, deadline), &got, err);
+            if (rc != LAPSE_OK) {
+                return rc;
+            }
+        } else {
+            pfd.revents = 0;
+            poll(&pfd, 1, (int)step_ms(broker, deadline));
+        }
+    }
+}
+
 lapse_status_t lapse__broker_publish(lapse__broker_t *broker, const char *exchange,
                                      const char *routing_key, bool mandatory,
                                      const amqp_basic_properties_t *props,
@@ -361,19 +503,22 @@ lapse_status_t lapse__broker_publish(lapse__broker_t *broker, const char *exchan
     }
     if (broker->confirms) {
         /* Keep at most `window` publishes in flight: drain confirms before the next. */
-        int64_t waited = 0;
+        int64_t deadline = lapse__mono_ms() + CONFIRM_WAIT_MS;
         while (lapse__broker_unsettled(broker) >= broker->window) {
-            bool got;
-            lapse_status_t rc = pump(broker, 1000, &got, err);
+            lapse_status_t rc = may_wait(broker, deadline, "confirm window full", err);
             if (rc != LAPSE_OK) {
                 return rc;
             }
-            waited += got ? 0 : 1000;
-            if (waited >= CONFIRM_WAIT_MS) {
-                return lapse_error_set(err, LAPSE_ERR_BROKER_TIMEOUT,
-                                       "confirm window full for %d ms", CONFIRM_WAIT_MS);
+            bool got;
+            rc = pump(broker, step_ms(broker, deadline), &got, err);
+            if (rc != LAPSE_OK) {
+                return rc;
             }
         }
+    }
+    lapse_status_t rc = wait_room(broker, exchange, err);
+    if (rc != LAPSE_OK) {
+        return rc;
     }
     amqp_bytes_t bytes = {.len = len, .bytes = (void *)body};
     uint64_t t = broker->next_tag;
@@ -435,7 +580,12 @@ void lapse__broker_close(lapse__broker_t *broker) {
         broker->first_open = broker->next_tag;
     }
     if (broker->conn) {
-        if (broker->open) {
+        /* A blocked connection is not read by the broker: a graceful close would wait
+         * out the RPC timeout. Dropping the socket is as good (the broker requeues and
+         * cleans up), so only an unblocked one is closed politely, within CLOSE_WAIT. */
+        if (broker->open && !broker->blocked) {
+            struct timeval tv = {.tv_sec = CLOSE_WAIT_S, .tv_usec = 0};
+            amqp_set_rpc_timeout(broker->conn, &tv);
             amqp_channel_close(broker->conn, LAPSE__CHANNEL, AMQP_REPLY_SUCCESS);
             amqp_connection_close(broker->conn, AMQP_REPLY_SUCCESS);
         }
@@ -682,6 +832,17 @@ lapse_status_t lapse__broker_ack(lapse__broker_t *broker, uint64_t tag, bool mul
     if (st != AMQP_STATUS_OK) {
         broker->open = false;
         return lapse_error_set(err, LAPSE_ERR_BROKER_CLOSED, "ack: %s",
+                               amqp_error_string2(st));
+    }
+    return LAPSE_OK;
+}
+
+lapse_status_t lapse__broker_nack(lapse__broker_t *broker, uint64_t tag,
+                                  lapse_error_t *err) {
+    int st = amqp_basic_nack(broker->conn, LAPSE__CHANNEL, tag, 0, 1);
+    if (st != AMQP_STATUS_OK) {
+        broker->open = false;
+        return lapse_error_set(err, LAPSE_ERR_BROKER_CLOSED, "nack: %s",
                                amqp_error_string2(st));
     }
     return LAPSE_OK;

@@ -34,13 +34,36 @@ typedef struct lapse__broker {
     size_t window;
     lapse__settle_cb settle_cb;
     void *settle_opaque;
+    char name[96]; /* the connection name, for log lines */
+    /* The broker sent connection.blocked (a memory or disk alarm) and no unblocked yet:
+     * it reads nothing from this connection, so nothing is published until unblocked. */
+    bool blocked;
+    int64_t blocked_since; /* lapse__mono_ms() of the connection.blocked */
+    /* How long waits go on while the connection is blocked (from the connection.blocked
+     * frame on): LAPSE__PUBLISH_WAIT_MS after open; less for a caller with other work
+     * (the consumer), since nothing is published or confirmed until the alarm clears. */
+    int64_t blocked_wait_ms;
+    /* Optional, set by the caller after open: once *stop is non-zero, every wait of this
+     * broker (room to publish, confirms) gives up with LAPSE_ERR_STOPPED within
+     * LAPSE__STOP_GRACE_MS, so SIGTERM is honoured even when the broker is blocked. */
+    const volatile sig_atomic_t *stop;
+    int64_t stop_seen_at; /* when a wait first saw *stop, 0 before */
+    /* Optional: lapse__mono_ms() time past which every wait gives up
+     * (LAPSE_ERR_BROKER_TIMEOUT); 0 for none. */
+    int64_t give_up_at;
 } lapse__broker_t;
 
+/* How long the waits go on after the stop flag is seen: confirms that are on their way
+ * still arrive, a blocked broker is not waited for. */
+#define LAPSE__STOP_GRACE_MS 1000
+/* The longest one publish waits for a blocked broker or a full socket. */
+#define LAPSE__PUBLISH_WAIT_MS 30000
+
 /**
- * Connect, log in (heartbeat from cfg, connection_name shown in the management UI) and
- * open channel 1. With window > 0, put the channel in confirm mode with at most window
- * unsettled publishes; settle_cb then reports each publish's outcome.
- * cfg is borrowed and must outlive the broker.
+ * Connect, log in (heartbeat from cfg, connection_name shown in the management UI,
+ * capability connection.blocked advertised) and open channel 1. With window > 0, put the
+ * channel in confirm mode with at most window unsettled publishes; settle_cb then reports
+ * each publish's outcome. cfg is borrowed and must outlive the broker.
  */
 lapse_status_t lapse__broker_open(lapse__broker_t *broker, const lapse_config_t *cfg,
                                   const char *conn_name, size_t window,
@@ -57,10 +80,13 @@ lapse_status_t lapse__broker_reply(lapse__broker_t *broker, amqp_rpc_reply_t rep
 
 /**
  * Publish body (borrowed) with props (borrowed). Blocks for confirms while the window is
- * full. *tag (optional) receives the publish's tag. A mandatory publish on a confirm-mode
- * channel also carries the header x-lapse-publish-seq = its tag (replacing one in props),
- * so that a basic.return, which names no tag, is matched to exactly this publish; its
- * outcome is then LAPSE_ERR_BROKER_RETURNED.
+ * full, and while the broker has blocked the connection (connection.blocked) or the
+ * socket has no room, at most LAPSE__PUBLISH_WAIT_MS (LAPSE_ERR_BROKER_TIMEOUT), less
+ * with give_up_at, or until the stop flag (LAPSE_ERR_STOPPED). *tag (optional) receives
+ * the publish's tag. A mandatory publish on a confirm-mode channel also carries the
+ * header x-lapse-publish-seq = its tag (replacing one in props), so that a basic.return,
+ * which names no tag, is matched to exactly this publish; its outcome is then
+ * LAPSE_ERR_BROKER_RETURNED.
  */
 lapse_status_t lapse__broker_publish(lapse__broker_t *broker, const char *exchange,
                                      const char *routing_key, bool mandatory,
@@ -130,6 +156,10 @@ void lapse__broker_envelope_clear(lapse__broker_t *broker, amqp_envelope_t *env)
 /** Ack tag (and, with multiple, every delivery before it). */
 lapse_status_t lapse__broker_ack(lapse__broker_t *broker, uint64_t tag, bool multiple,
                                  lapse_error_t *err);
+
+/** Nack one delivery back to its queue (requeue). */
+lapse_status_t lapse__broker_nack(lapse__broker_t *broker, uint64_t tag,
+                                  lapse_error_t *err);
 
 /** Replace the 30 s timeout of synchronous RPCs (declare, get, close). */
 void lapse__broker_set_rpc_timeout(lapse__broker_t *broker, int64_t timeout_ms);

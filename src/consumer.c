@@ -324,14 +324,18 @@ static lapse_status_t process(lapse_consumer_t *c, const volatile sig_atomic_t *
     if (forwards) {
         rc = lapse__consumer_ensure_out(c, err);
     }
+    c->batch_settled = false;
     if (rc == LAPSE_OK && forwards) {
         rc = lapse__consumer_forward(c, err);
     }
     if (rc != LAPSE_OK) {
         return rc; /* nothing acked: the broker redelivers the batch */
     }
-    /* The store committed and every forward was confirmed: one ack covers the batch. */
-    rc = lapse__broker_ack(&c->in, c->batch[c->n - 1].env.delivery_tag, true, err);
+    /* The store committed and every forward was confirmed: one ack covers the batch
+     * (unless a forward failed and the batch was settled delivery by delivery). */
+    if (!c->batch_settled) {
+        rc = lapse__broker_ack(&c->in, c->batch[c->n - 1].env.delivery_tag, true, err);
+    }
     if (rc != LAPSE_OK) {
         return rc;
     }
@@ -382,6 +386,8 @@ static lapse_status_t connect_all(lapse_consumer_t *c, lapse_error_t *err) {
 
 static lapse_status_t session(lapse_consumer_t *c, const volatile sig_atomic_t *stop,
                               bool *progress, lapse_error_t *err) {
+    /* A missing queue or exchange is named with its fix before forwards fail on it. */
+    lapse__topology_check(c->cfg, &c->topo, NULL, NULL);
     lapse_status_t rc = connect_all(c, err);
     if (rc == LAPSE_OK) {
         lapse__log(c->cfg, LAPSE_LOG_INFO, "event=consuming queue=%s prefetch=%d",

@@ -140,6 +140,9 @@ void lapse__consumer_events_final(lapse_consumer_t *c) {
     if (owed > 0 && !c->out.open) {
         rc = lapse__consumer_open_out(c, &err);
     }
+    /* Already stopping: this flush has its own bound instead of the stop flag. */
+    c->out.stop = NULL;
+    c->out.give_up_at = deadline;
     size_t k = 0;
     while (rc == LAPSE_OK && k < owed && total.returned == 0) {
         int64_t left = deadline - lapse__mono_ms();

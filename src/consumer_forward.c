@@ -13,10 +13,15 @@
 #include <string.h>
 
 static void on_settle(void *opaque, uint64_t tag, lapse_status_t outcome) {
-    (void)tag;
     lapse_consumer_t *c = opaque;
     if (outcome != LAPSE_OK && c->out_failure == LAPSE_OK) {
         c->out_failure = outcome;
+    }
+    for (size_t i = 0; i < c->n; i++) {
+        if (c->batch[i].fwd_tag == tag) {
+            c->batch[i].fwd_rc = outcome;
+            break;
+        }
     }
 }
 
@@ -50,7 +55,7 @@ static lapse_status_t park(lapse_consumer_t *c, delivery_t *d, lapse_error_t *er
     props.delivery_mode = AMQP_DELIVERY_PERSISTENT;
     lapse_status_t rc = lapse__broker_publish(&c->out, c->topo.parked_exchange, "", true,
                                               &props, d->env.message.body.bytes,
-                                              d->env.message.body.len, NULL, err);
+                                              d->env.message.body.len, &d->fwd_tag, err);
     free(entries);
     return rc;
 }
@@ -61,7 +66,7 @@ static lapse_status_t hold_again(lapse_consumer_t *c, delivery_t *d,
     lapse__ladder_route(d->verdict.delay_ms, route);
     d->msg.deadline_ms = d->deadline_ms;
     return lapse__publish_expiry(&c->out, c->topo.delay[route->top], route->routing_key,
-                                 &d->msg, d->verdict.attempts, NULL, err);
+                                 &d->msg, d->verdict.attempts, &d->fwd_tag, err);
 }
 
 static void logged_reason(const delivery_t *d, char *out, size_t cap) {
@@ -69,9 +74,77 @@ static void logged_reason(const delivery_t *d, char *out, size_t cap) {
     lapse__consumer_sanitize(out);
 }
 
+static bool needs_forward(const delivery_t *d) {
+    lapse__action_t a = d->verdict.action;
+    return a == LAPSE__ACT_PARK || a == LAPSE__ACT_EARLY || a == LAPSE__ACT_RETRY;
+}
+
+static bool is_settled(const delivery_t *d) {
+    return !needs_forward(d) || (d->fwd_tag != 0 && d->fwd_rc == LAPSE_OK);
+}
+
+/* Some forward of the batch failed (a missing parked queue or delay exchange returns,
+ * nacks or closes the channel): redelivering the whole batch would fail the same way
+ * forever and hold up the queue behind it. Instead every delivery that is settled (its
+ * forward confirmed, or none needed: the store committed) is acked on its own, and the
+ * rest go back to the queue after a growing backoff, to be tried again; none is acked
+ * whose forward was not confirmed, none is lost. */
+static lapse_status_t forward_failed(lapse_consumer_t *c, lapse_status_t rc,
+                                     const lapse_error_t *why, lapse_error_t *err) {
+    size_t needed = 0;
+    size_t failed = 0;
+    for (size_t i = 0; i < c->n; i++) {
+        needed += needs_forward(&c->batch[i]);
+        failed += !is_settled(&c->batch[i]);
+    }
+    lapse_status_t cause = rc != LAPSE_OK ? rc : c->out_failure;
+    char text[sizeof why->text];
+    snprintf(text, sizeof text, "%s",
+             rc != LAPSE_OK && why->text[0] ? why->text : lapse_strerror(cause));
+    lapse__consumer_sanitize(text);
+    int64_t delay = lapse__backoff_ms(c->fwd_attempt++, 500, 5000);
+    lapse__log(c->cfg, LAPSE_LOG_WARN,
+               "event=forward_failed status=%s reason=\"%s\" failed=%zu of=%zu "
+               "requeue_in_ms=%lld note=\"the other deliveries are acked; these go back "
+               "to the queue (see event=topology_missing)\"",
+               lapse_status_name(cause), text, failed, needed, (long long)delay);
+    c->out_failure = LAPSE_OK;
+    if (!c->out.open || rc != LAPSE_OK) {
+        /* A closed channel or a timeout: the connection is opened afresh next time. */
+        lapse__broker_close(&c->out);
+    }
+    for (size_t i = 0; i < c->n; i++) {
+        const delivery_t *d = &c->batch[i];
+        if (is_settled(d)) {
+            lapse_status_t arc =
+                lapse__broker_ack(&c->in, d->env.delivery_tag, false, err);
+            if (arc != LAPSE_OK) {
+                return arc;
+            }
+        }
+    }
+    /* Not at once: back at the head of the queue, they would come straight back. */
+    lapse__sleep_ms(delay, c->stop);
+    for (size_t i = 0; i < c->n; i++) {
+        const delivery_t *d = &c->batch[i];
+        if (!is_settled(d)) {
+            lapse_status_t nrc = lapse__broker_nack(&c->in, d->env.delivery_tag, err);
+            if (nrc != LAPSE_OK) {
+                return nrc;
+            }
+        }
+    }
+    c->batch_settled = true;
+    return LAPSE_OK;
+}
+
 lapse_status_t lapse__consumer_forward(lapse_consumer_t *c, lapse_error_t *err) {
     lapse_status_t rc = LAPSE_OK;
     size_t forwarded = 0;
+    for (size_t i = 0; i < c->n; i++) {
+        c->batch[i].fwd_tag = 0;
+        c->batch[i].fwd_rc = LAPSE_ERR_BROKER_TIMEOUT;
+    }
     for (size_t i = 0; i < c->n && rc == LAPSE_OK; i++) {
         delivery_t *d = &c->batch[i];
         const lapse__verdict_t *v = &d->verdict;
@@ -130,12 +203,23 @@ lapse_status_t lapse__consumer_forward(lapse_consumer_t *c, lapse_error_t *err) 
     if (rc == LAPSE_OK && forwarded > 0) {
         rc = lapse__broker_wait_confirms(&c->out, CONSUMER_CONFIRM_WAIT_MS, err);
     }
-    if (rc == LAPSE_OK && c->out_failure != LAPSE_OK) {
-        rc = lapse_error_set(err, c->out_failure, "forwarding a delivery: %s",
-                             lapse_strerror(c->out_failure));
-        c->out_failure = LAPSE_OK;
+    bool all_ok = rc == LAPSE_OK;
+    for (size_t i = 0; i < c->n && all_ok; i++) {
+        all_ok = is_settled(&c->batch[i]);
     }
-    return rc;
+    if (all_ok) {
+        c->out_failure = LAPSE_OK;
+        c->fwd_attempt = 0;
+        return LAPSE_OK;
+    }
+    if (rc == LAPSE_ERR_STOPPED || (rc != LAPSE_OK && !c->in.open)) {
+        return rc; /* nothing acked: the broker redelivers the batch */
+    }
+    lapse_error_t why = {0};
+    if (rc != LAPSE_OK && err) {
+        why = *err;
+    }
+    return forward_failed(c, rc, &why, err);
 }
 
 void lapse__consumer_out_failed(lapse_consumer_t *c, lapse_status_t rc,
@@ -155,7 +239,14 @@ void lapse__consumer_out_failed(lapse_consumer_t *c, lapse_status_t rc,
 lapse_status_t lapse__consumer_open_out(lapse_consumer_t *c, lapse_error_t *err) {
     char name[sizeof c->name + 4];
     snprintf(name, sizeof name, "%s out", c->name);
-    return lapse__broker_open(&c->out, c->cfg, name, CONSUMER_WINDOW, on_settle, c, err);
+    lapse_status_t rc =
+        lapse__broker_open(&c->out, c->cfg, name, CONSUMER_WINDOW, on_settle, c, err);
+    /* SIGTERM ends the out connection's waits too (a blocked broker, confirms). While
+     * an alarm blocks it, forwards and events fail fast (requeued, left in the outbox)
+     * instead of holding up the cancelling, which goes on. */
+    c->out.stop = c->stop;
+    c->out.blocked_wait_ms = CONSUMER_BLOCKED_WAIT_MS;
+    return rc;
 }
 
 /* The publishing connection fails on its own (an events exchange deleted, a missed

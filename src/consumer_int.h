@@ -30,6 +30,8 @@
 /* How often an idle consumer looks at the stop flag. */
 #define CONSUMER_IDLE_WAIT_MS    500
 #define CONSUMER_CONFIRM_WAIT_MS 30000
+/* How long the publishing connection waits for a broker that blocked it (an alarm). */
+#define CONSUMER_BLOCKED_WAIT_MS 1000
 /* Outbox rows published in one go, and how often the outbox is looked at. */
 #define CONSUMER_EVENTS_CHUNK 1000
 /* How long a cancellation's event may wait for those of the next batches. */
@@ -69,6 +71,9 @@ typedef struct delivery {
     int64_t deadline_ms;   /* the store's deadline (early) */
     lapse__verdict_t verdict;
     char reason[256]; /* the decoder's or the store's words, for the parked reason */
+    uint64_t fwd_tag; /* its forward's publish tag on the out connection, 0: none */
+    /* Its forward's outcome (LAPSE_ERR_BROKER_TIMEOUT while unsettled). */
+    lapse_status_t fwd_rc;
 } delivery_t;
 
 struct lapse_consumer {
@@ -106,6 +111,10 @@ struct lapse_consumer {
     bool probe_failed;         /* the last probe failed (logged once) */
     int64_t ahead_logged;      /* last "ahead" logged, to log changes only */
     lapse_consumer_stats_t stats;
+    /* lapse__consumer_forward acked and nacked the batch delivery by delivery (some
+     * forward failed): the batch's multiple ack must not follow. */
+    bool batch_settled;
+    unsigned fwd_attempt; /* batches in a row with a failed forward */
 };
 
 /* ---- consumer_clock.c ---- */
@@ -145,7 +154,11 @@ lapse_status_t lapse__consumer_open_out(lapse_consumer_t *c, lapse_error_t *err)
 void lapse__consumer_out_failed(lapse_consumer_t *c, lapse_status_t rc,
                                 const lapse_error_t *why, const char *what);
 
-/** Carry out the batch's PARK, EARLY and RETRY verdicts; all confirmed on LAPSE_OK. */
+/** Carry out the batch's PARK, EARLY and RETRY verdicts; all confirmed on LAPSE_OK,
+ *  unless c->batch_settled: then some forward failed, and the deliveries were acked one
+ *  by one (those settled: forward confirmed, or none needed) or, after a backoff, nacked
+ *  back to the queue (the rest), so that a forward that keeps failing holds up only its
+ *  own deliveries, never the queue. */
 lapse_status_t lapse__consumer_forward(lapse_consumer_t *c, lapse_error_t *err);
 
 /* ---- consumer_events.c ---- */

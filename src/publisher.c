@@ -59,6 +59,7 @@ struct lapse_publisher {
     int cur;           /* the batch being filled; b[!cur] may be in flight */
     bool in_flight;    /* b[!cur] is published and waits for its confirms */
     int64_t polled_at; /* last look at the connection between flushes */
+    const volatile sig_atomic_t *stop; /* borrowed, may be NULL */
 };
 
 static void on_settle(void *opaque, uint64_t tag, lapse_status_t outcome) {
@@ -165,7 +166,10 @@ static lapse_status_t store_insert(lapse_publisher_t *pub, batch_t *b,
         }
         lapse__log(pub->cfg, LAPSE_LOG_WARN, "event=store_retry op=insert attempt=%u",
                    attempt + 1);
-        lapse__sleep_ms(lapse__backoff_ms(attempt, 50, 2000), NULL);
+        if (!lapse__sleep_ms(lapse__backoff_ms(attempt, 50, 2000), pub->stop)) {
+            return lapse_error_set(err, LAPSE_ERR_STOPPED,
+                                   "stopped while the store was busy");
+        }
     }
     return rc;
 }
@@ -245,7 +249,7 @@ static lapse_status_t publish(lapse_publisher_t *pub, batch_t *b, lapse_error_t 
             e->tag = 0;
             e->pending = false;
             b->last_tag = tag - 1;
-            if (!lapse_status_is_retriable(rc)) {
+            if (!lapse_status_is_retriable(rc) && rc != LAPSE_ERR_STOPPED) {
                 e->rc = rc; /* this order's own problem (e.g. too far ahead) */
                 snprintf(e->reason, sizeof e->reason, "%s", err ? err->text : "");
                 rc = LAPSE_OK;
@@ -272,9 +276,14 @@ static lapse_status_t recover(lapse_publisher_t *pub, lapse_status_t why,
         lapse__log(pub->cfg, LAPSE_LOG_WARN,
                    "event=reconnect status=%s reason=\"%s\" attempt=%u delay_ms=%lld",
                    lapse_status_name(rc), text, attempt + 1, (long long)delay);
-        lapse__sleep_ms(delay, NULL);
+        if (!lapse__sleep_ms(delay, pub->stop)) {
+            rc = lapse_error_set(err, LAPSE_ERR_STOPPED,
+                                 "stopped while reconnecting to the broker");
+            break;
+        }
         rc = lapse__broker_open(&pub->broker, pub->cfg, "lapse publish", WINDOW,
                                 on_settle, pub, err);
+        pub->broker.stop = pub->stop;
         if (rc == LAPSE_OK && pub->in_flight) {
             rc = publish(pub, &pub->b[!pub->cur], err);
         }
@@ -342,6 +351,8 @@ static void complete(lapse_publisher_t *pub, batch_t *b) {
         if (mrc != LAPSE_ERR_STORE_BUSY) {
             break;
         }
+        /* Confirmed already: the marking is worth its short retries even when stopping.
+         */
         lapse__sleep_ms(lapse__backoff_ms(attempt, 50, 2000), NULL);
     }
     if (mrc != LAPSE_OK) {
@@ -367,7 +378,7 @@ static lapse_status_t cycle(lapse_publisher_t *pub, bool all, lapse_error_t *err
             report(pub, cur);
         } else {
             rc = publish(pub, cur, err);
-            if (rc != LAPSE_OK) {
+            if (rc != LAPSE_OK && rc != LAPSE_ERR_STOPPED) {
                 rc = recover(pub, rc, err);
             }
         }
@@ -405,6 +416,11 @@ static lapse_status_t cycle(lapse_publisher_t *pub, bool all, lapse_error_t *err
         }
     }
     return rc != LAPSE_OK ? rc : src;
+}
+
+void lapse_publisher_set_stop(lapse_publisher_t *pub, const volatile sig_atomic_t *stop) {
+    pub->stop = stop;
+    pub->broker.stop = stop;
 }
 
 lapse_status_t lapse_publisher_flush(lapse_publisher_t *pub, lapse_error_t *err) {

@@ -276,3 +276,84 @@ lapse_status_t lapse_topology_inspect(const lapse_config_t *cfg, lapse_queue_sta
     lapse__broker_close(&broker);
     return rc;
 }
+
+/* One passive declare on channel 1. A missing entity closes the channel with 404: that
+ * close is answered and the channel opened again, so the next check can run. *exists
+ * says what the broker answered. */
+static lapse_status_t passive(lapse__broker_t *broker, bool exchange, const char *name,
+                              bool *exists, lapse_error_t *err) {
+    if (exchange) {
+        amqp_exchange_declare(broker->conn, LAPSE__CHANNEL, amqp_cstring_bytes(name),
+                              amqp_cstring_bytes("direct"), 1, 0, 0, 0, amqp_empty_table);
+    } else {
+        amqp_queue_declare(broker->conn, LAPSE__CHANNEL, amqp_cstring_bytes(name), 1, 0,
+                           0, 0, amqp_empty_table);
+    }
+    amqp_rpc_reply_t reply = amqp_get_rpc_reply(broker->conn);
+    *exists = reply.reply_type == AMQP_RESPONSE_NORMAL;
+    if (reply.reply_type == AMQP_RESPONSE_SERVER_EXCEPTION &&
+        reply.reply.id == AMQP_CHANNEL_CLOSE_METHOD &&
+        ((amqp_channel_close_t *)reply.reply.decoded)->reply_code == AMQP_NOT_FOUND) {
+        /* rabbitmq-c does not answer a channel.close for us. */
+        amqp_channel_close_ok_t ok = {0};
+        if (amqp_send_method(broker->conn, LAPSE__CHANNEL, AMQP_CHANNEL_CLOSE_OK_METHOD,
+                             &ok) != AMQP_STATUS_OK) {
+            broker->open = false;
+            return lapse_error_set(err, LAPSE_ERR_BROKER_CLOSED, "topology check: %s",
+                                   "connection lost");
+        }
+        amqp_maybe_release_buffers_on_channel(broker->conn, LAPSE__CHANNEL);
+        amqp_channel_open(broker->conn, LAPSE__CHANNEL);
+        return lapse__broker_reply(broker, amqp_get_rpc_reply(broker->conn),
+                                   "topology check: channel.open", err);
+    }
+    if (*exists) {
+        return LAPSE_OK;
+    }
+    return lapse__broker_reply(broker, reply, "topology check", err);
+}
+
+lapse_status_t lapse__topology_check(const lapse_config_t *cfg,
+                                     const lapse__topology_t *topo, size_t *missing,
+                                     lapse_error_t *err) {
+    typedef struct {
+        bool exchange;
+        const char *name;
+        const char *role;
+    } need_t;
+    need_t needs[4 + 2 * LAPSE__LADDER_RUNGS];
+    size_t n = 0;
+    needs[n++] = (need_t){false, topo->expired_queue, "the consumer reads it"};
+    needs[n++] = (need_t){true, topo->parked_exchange, "bad messages are parked there"};
+    needs[n++] = (need_t){false, topo->parked_queue, "parked messages wait there"};
+    for (int k = LAPSE__LADDER_RUNGS - 1; k >= 0; k--) {
+        needs[n++] = (need_t){true, topo->delay[k], "early messages go back through it"};
+        needs[n++] = (need_t){false, topo->delay[k], "early messages wait there"};
+    }
+    needs[n++] = (need_t){true, topo->events_exchange, "order.cancelled events go there"};
+
+    if (missing) {
+        *missing = 0;
+    }
+    lapse__broker_t broker;
+    lapse_status_t rc =
+        lapse__broker_open(&broker, cfg, "lapse topology check", 0, NULL, NULL, err);
+    for (size_t i = 0; i < n && rc == LAPSE_OK; i++) {
+        bool exists = true;
+        rc = passive(&broker, needs[i].exchange, needs[i].name, &exists, err);
+        if (rc == LAPSE_OK && !exists) {
+            const char *kind = needs[i].exchange ? "exchange" : "queue";
+            /* One line per missing entity, with the fix: forwards to it fail until then
+             * and their deliveries are retried, so the operator must learn why. */
+            lapse__log(cfg, LAPSE_LOG_ERROR,
+                       "event=topology_missing %s=%s note=\"%s '%s' is missing (%s): run "
+                       "'lapse topology declare'\"",
+                       kind, needs[i].name, kind, needs[i].name, needs[i].role);
+            if (missing) {
+                (*missing)++;
+            }
+        }
+    }
+    lapse__broker_close(&broker);
+    return rc;
+}

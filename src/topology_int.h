@@ -55,4 +55,16 @@ typedef struct lapse__topology {
 /** Build the topology of cfg (pure). */
 void lapse__topology_build(const lapse_config_t *cfg, lapse__topology_t *topo);
 
+/**
+ * Check with passive declares, on a short connection of its own, that what a consumer
+ * needs exists: the expired queue, the parked exchange and queue, every delay exchange
+ * and queue, the events exchange. Each missing one is logged as one error line naming it
+ * and the fix (event=topology_missing). topo is borrowed.
+ * @param missing (optional) receives how many are missing.
+ * @return LAPSE_OK when the check ran (whatever it found); a broker failure otherwise.
+ */
+lapse_status_t lapse__topology_check(const lapse_config_t *cfg,
+                                     const lapse__topology_t *topo, size_t *missing,
+                                     lapse_error_t *err);
+
 #endif

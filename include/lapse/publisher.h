@@ -7,6 +7,8 @@
 #include <lapse/config.h>
 #include <lapse/store.h>
 
+#include <signal.h>
+
 /** The longest delay: 2^28 - 1 s, about 8.5 years (the delay ladder's 28 rungs). */
 #define LAPSE_MAX_DELAY_MS (((INT64_C(1) << 28) - 1) * 1000)
 
@@ -58,6 +60,17 @@ LAPSE_API lapse_status_t lapse_publisher_submit(lapse_publisher_t *pub,
                                                 const lapse_new_order_t *order,
                                                 int64_t timeout_ms, uint64_t ref,
                                                 lapse_error_t *err);
+
+/**
+ * Let a stop flag (set by a SIGTERM/SIGINT handler) end every wait of pub: a broker that
+ * blocked the connection (memory or disk alarm), confirms, reconnect backoff, a busy
+ * store. Once *stop is non-zero, submit and flush return LAPSE_ERR_STOPPED within about a
+ * second, and every order not confirmed by then is reported to the callback as failed
+ * (it stays pending and unscheduled, for a retry or a sweep); none is reported published
+ * that the broker did not confirm. stop is borrowed (NULL: none) and must outlive pub.
+ */
+LAPSE_API void lapse_publisher_set_stop(lapse_publisher_t *pub,
+                                        const volatile sig_atomic_t *stop);
 
 /** Settle everything submitted so far (callbacks called). Same returns as submit. */
 LAPSE_API lapse_status_t lapse_publisher_flush(lapse_publisher_t *pub,

@@ -16,6 +16,7 @@
 #define CONNECT_TRIES  5
 #define PROGRESS_EVERY 200 /* ms between progress lines on a terminal */
 #define IDLE_FLUSH_MS  20  /* input paused this long: publish what is held */
+#define STOP_CHECK_MS  250 /* idle input: how often the stop flag is looked at */
 
 typedef struct outcome {
     size_t ok;
@@ -57,6 +58,9 @@ static lapse_publisher_t *open_publisher(cli_t *cli, lapse_store_t *store,
     for (unsigned attempt = 0; attempt < CONNECT_TRIES; attempt++) {
         lapse_publisher_t *pub = lapse_publisher_open(cli->cfg, store, cb, o, &rc, &err);
         if (pub) {
+            /* SIGTERM/SIGINT end every wait (a blocked broker, confirms, a reconnect)
+             * within about a second; what was not confirmed is reported as failed. */
+            lapse_publisher_set_stop(pub, cli_install_stop_handlers());
             return pub;
         }
         if (!lapse_status_is_retriable(rc) || attempt + 1 == CONNECT_TRIES) {
@@ -143,12 +147,15 @@ static int publish_batch(cli_t *cli, const char *path) {
     size_t bad = 0;
     lapse_status_t rc = LAPSE_OK;
     lapse_error_t err = {0};
-    while (rc == LAPSE_OK) {
+    volatile sig_atomic_t *stop = cli_install_stop_handlers();
+    while (rc == LAPSE_OK && !*stop) {
         /* Orders held back for a full batch go out as soon as the input pauses. */
         bool holding = lapse_publisher_pending(pub) > 0;
-        len = line_reader_next(&reader, &line, holding ? IDLE_FLUSH_MS : -1);
+        len = line_reader_next(&reader, &line, holding ? IDLE_FLUSH_MS : STOP_CHECK_MS);
         if (len == LINE_READER_WAIT) {
-            rc = lapse_publisher_flush(pub, &err);
+            if (holding) {
+                rc = lapse_publisher_flush(pub, &err);
+            }
             continue;
         }
         if (len == LINE_READER_END) {
@@ -203,7 +210,15 @@ static int publish_batch(cli_t *cli, const char *path) {
     if (progress) {
         fputc('\n', stderr);
     }
-    if (rc != LAPSE_OK) {
+    if (*stop) {
+        /* One line that says what the numbers below mean for the orders not published.
+         */
+        cli_say("publish",
+                "stopped by a signal after %llu lines: orders not reported published "
+                "stay pending and unscheduled ('lapse sweep' or the same batch again "
+                "publishes them)",
+                (unsigned long long)lineno);
+    } else if (rc != LAPSE_OK) {
         cli_fail(rc, &err, "publish stopped");
     }
     if (reader.error) {
@@ -218,7 +233,7 @@ static int publish_batch(cli_t *cli, const char *path) {
     if (in != stdin) {
         fclose(in);
     }
-    if (rc != LAPSE_OK) {
+    if (rc != LAPSE_OK || *stop) {
         return CLI_EXIT_FAILED;
     }
     return o.failed + bad > 0 ? CLI_EXIT_FAILED : CLI_EXIT_OK;

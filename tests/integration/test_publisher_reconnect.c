@@ -25,7 +25,7 @@
 #define CHUNK     300 /* lines written at once, then a pause */
 #define PACE_MS   100
 #define CUT_FIRST 1200 /* then CUT_CHUNK lines at once, and the connection is closed */
-#define CUT_CHUNK 1000 /* two batches of 500: both in flight at the cut */
+#define CUT_CHUNK 1000 /* two batches of 500: the first in flight at the cut */
 #define CONN      "lapse publish"
 
 static const char *const publish_args[] = {"publish", "--batch", "-", NULL};
@@ -142,12 +142,13 @@ static void test_reconnect_resends_unconfirmed(void **state) {
             continue;
         }
         /* The cut must find publishes not yet confirmed, whatever the timing: a memory
-         * alarm makes the broker stop reading publishing connections, so the two batches
-         * of this chunk are recorded and published but none of it is confirmed. */
+         * alarm makes the broker block publishing connections (connection.blocked), so
+         * the chunk's first batch is recorded and published up to the block, none of it
+         * is confirmed, and lapse publishes nothing more until the alarm clears. */
         n = CUT_CHUNK;
         assert_int_equal(ctl(&h, "set_vm_memory_high_watermark 0"), 0);
         feed(in, first, n, "3s");
-        int64_t recorded = h_wait_sql(&h, CUT_FIRST + CUT_CHUNK, h_ms(10000),
+        int64_t recorded = h_wait_sql(&h, CUT_FIRST + CUT_CHUNK / 2, h_ms(10000),
                                       "SELECT count(*) FROM orders");
         usleep(300000);
         int64_t confirmed =
@@ -159,8 +160,9 @@ static void test_reconnect_resends_unconfirmed(void **state) {
                (long long)confirmed, deleted);
         assert_int_equal(deleted, 204);
         assert_int_equal(lifted, 0);
-        assert_int_equal(recorded, CUT_FIRST + CUT_CHUNK);
-        assert_int_equal(confirmed, CUT_FIRST); /* the whole chunk is in flight */
+        assert_true(recorded > CUT_FIRST);
+        assert_true(recorded <= CUT_FIRST + CUT_CHUNK);
+        assert_int_equal(confirmed, CUT_FIRST); /* what was recorded of it is in flight */
     }
     close(in);
     int code = h_stop(pub, 0, h_ms(60000));
