@@ -225,7 +225,7 @@ amqp_table_t lapse__headers_with_seq(const amqp_table_t *in, uint64_t seq,
             out[t.num_entries++] = in->entries[i];
         }
     }
-    out[t.num_entries++] = lapse__entry_i64(LAPSE_HDR_PUBLISH_SEQ, (int64_t)seq);
+    out[t.num_entries++] = lapse__hdr_publish_seq_entry(seq);
     return t;
 }
 

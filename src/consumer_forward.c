@@ -41,11 +41,11 @@ static lapse_status_t park(lapse_consumer_t *c, delivery_t *d, lapse_error_t *er
             entries[n++] = old.entries[i];
         }
     }
-    entries[n++] = lapse__entry_str(LAPSE_HDR_REASON, d->reason);
+    entries[n++] = lapse__hdr_reason_entry(d->reason);
     /* For people: when it was parked, by the wall clock. */
-    entries[n++] = lapse__entry_i64(LAPSE_HDR_PARKED_AT, lapse_clock_now_ms());
+    entries[n++] = lapse__hdr_parked_at_entry(lapse_clock_now_ms());
     if (d->verdict.attempts > 0) {
-        entries[n++] = lapse__entry_i64(LAPSE_HDR_ATTEMPTS, d->verdict.attempts);
+        entries[n++] = lapse__hdr_attempts_entry(d->verdict.attempts);
     }
     props.headers.num_entries = n;
     props.headers.entries = entries;

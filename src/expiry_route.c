@@ -3,6 +3,7 @@
  * or the delay ladder). Shared by the publisher, the consumer and the sweep. */
 #include <lapse/publisher.h>
 
+#include "headers_int.h"
 #include "publisher_int.h"
 
 #include <stdio.h>
@@ -25,10 +26,9 @@ lapse_status_t lapse__publish_expiry(lapse__broker_t *broker, const char *exchan
      * back down the ladder carries them too. */
     char deadline[LAPSE_RFC3339_LEN];
     lapse_time_format_rfc3339(msg->deadline_ms, deadline);
-    amqp_table_entry_t headers[3] = {
-        lapse__entry_i64(LAPSE_HDR_DEADLINE, msg->deadline_ms),
-        lapse__entry_str(LAPSE_HDR_DEADLINE_TEXT, deadline),
-        lapse__entry_i64(LAPSE_HDR_ATTEMPTS, attempts)};
+    amqp_table_entry_t headers[3] = {lapse__hdr_deadline_ms_entry(msg->deadline_ms),
+                                     lapse__hdr_deadline_text_entry(deadline),
+                                     lapse__hdr_attempts_entry(attempts)};
     amqp_basic_properties_t props;
     memset(&props, 0, sizeof props);
     props._flags = AMQP_BASIC_CONTENT_TYPE_FLAG | AMQP_BASIC_DELIVERY_MODE_FLAG |

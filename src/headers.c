@@ -1,7 +1,9 @@
 /* SPDX-License-Identifier: MIT
- * One reader per header (see headers_int.h): before, the attempts header had two parsers
- * that disagreed on the integer kinds they took. */
+ * One reader and one writer per header (see headers_int.h): before, the attempts header
+ * had two parsers that disagreed on the integer kinds they took. */
 #include "headers_int.h"
+
+#include "broker_int.h"
 
 #include <lapse/message.h>
 
@@ -131,4 +133,29 @@ void lapse__hdr_reason(const amqp_basic_properties_t *props, char *buf, size_t c
 bool lapse__hdr_is_parking(amqp_bytes_t key) {
     return key_is(key, LAPSE_HDR_REASON) || key_is(key, LAPSE_HDR_PARKED_AT) ||
            key_is(key, LAPSE_HDR_ATTEMPTS);
+}
+
+amqp_table_entry_t lapse__hdr_attempts_entry(int attempts) {
+    return lapse__entry_i64(LAPSE_HDR_ATTEMPTS, attempts);
+}
+
+amqp_table_entry_t lapse__hdr_deadline_ms_entry(int64_t deadline_ms) {
+    return lapse__entry_i64(LAPSE_HDR_DEADLINE, deadline_ms);
+}
+
+amqp_table_entry_t lapse__hdr_deadline_text_entry(const char *text) {
+    return lapse__entry_str(LAPSE_HDR_DEADLINE_TEXT, text);
+}
+
+amqp_table_entry_t lapse__hdr_reason_entry(const char *reason) {
+    return lapse__entry_str(LAPSE_HDR_REASON, reason);
+}
+
+amqp_table_entry_t lapse__hdr_parked_at_entry(int64_t ms) {
+    return lapse__entry_i64(LAPSE_HDR_PARKED_AT, ms);
+}
+
+amqp_table_entry_t lapse__hdr_publish_seq_entry(uint64_t seq) {
+    return lapse__entry_i64(LAPSE_HDR_PUBLISH_SEQ,
+                            seq > (uint64_t)INT64_MAX ? INT64_MAX : (int64_t)seq);
 }

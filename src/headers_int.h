@@ -1,9 +1,9 @@
 /* SPDX-License-Identifier: MIT
- * Internal: one reader per header lapse or the broker puts on a message (docs/design.md,
- * "The message and its headers"). Pure: they read an amqp_basic_properties_t (borrowed,
- * nothing kept) and call nothing in rabbitmq-c. Integers are read in any AMQP integer
- * kind (other clients, and other versions of lapse, may pick another width than the
- * int64 lapse writes), and a timestamp kind too. */
+ * Internal: one reader and one writer per header lapse or the broker puts on a message
+ * (docs/design.md, "The message and its headers"). Pure: they read an
+ * amqp_basic_properties_t (borrowed, nothing kept) and call nothing in rabbitmq-c.
+ * Integers are read in any AMQP integer kind (other clients, and other versions of lapse,
+ * may pick another width than the int64 lapse writes), and a timestamp kind too. */
 #ifndef LAPSE_HEADERS_INT_H
 #define LAPSE_HEADERS_INT_H
 
@@ -41,5 +41,16 @@ bool lapse__hdr_is_parking(amqp_bytes_t key);
 
 /** x-lapse-reason as text (bytes or string kind) into buf, "" when absent. */
 void lapse__hdr_reason(const amqp_basic_properties_t *props, char *buf, size_t cap);
+
+/* ---- writers: one entry per header, keys and values borrowed (a string value must
+ * outlive the entry), integers written as int64 ---- */
+
+amqp_table_entry_t lapse__hdr_attempts_entry(int attempts);
+amqp_table_entry_t lapse__hdr_deadline_ms_entry(int64_t deadline_ms);
+/** x-lapse-deadline: text is the deadline as RFC 3339 (lapse_time_format_rfc3339). */
+amqp_table_entry_t lapse__hdr_deadline_text_entry(const char *text);
+amqp_table_entry_t lapse__hdr_reason_entry(const char *reason);
+amqp_table_entry_t lapse__hdr_parked_at_entry(int64_t ms);
+amqp_table_entry_t lapse__hdr_publish_seq_entry(uint64_t seq);
 
 #endif

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT
- * One reader per header (src/headers.c): every AMQP integer kind another client might
- * write, absent headers, wrong kinds, and the edges (negative, too large). Pure. */
+ * One reader and one writer per header (src/headers.c): every AMQP integer kind another
+ * client might write, absent headers, wrong kinds, the edges (negative, too large), and
+ * each writer read back. Pure. */
 #include "broker_int.h"
 #include "headers_int.h"
 
@@ -217,6 +218,31 @@ static void test_reason_and_parking_keys(void **state) {
     assert_false(lapse__hdr_is_parking(amqp_cstring_bytes("x-death")));
 }
 
+/* Each writer's entry is read back by its reader. */
+static void test_writers_round_trip_through_the_readers(void **state) {
+    (void)state;
+    amqp_table_entry_t e[6] = {
+        lapse__hdr_attempts_entry(4),
+        lapse__hdr_deadline_ms_entry(1796057253548LL),
+        lapse__hdr_deadline_text_entry("2026-11-30T16:47:33.548Z"),
+        lapse__hdr_reason_entry("ERR_MSG_FIELD: missing field"),
+        lapse__hdr_parked_at_entry(1796057000000LL),
+        lapse__hdr_publish_seq_entry(77),
+    };
+    amqp_basic_properties_t p = {._flags = AMQP_BASIC_HEADERS_FLAG,
+                                 .headers = {.num_entries = 6, .entries = e}};
+    assert_int_equal(lapse__hdr_attempts(&p), 4);
+    assert_int_equal(lapse__hdr_deadline_ms(&p), 1796057253548LL);
+    const amqp_field_value_t *text = lapse__hdr_find(&p, LAPSE_HDR_DEADLINE_TEXT);
+    assert_non_null(text);
+    assert_int_equal(text->value.bytes.len, strlen("2026-11-30T16:47:33.548Z"));
+    char reason[64];
+    lapse__hdr_reason(&p, reason, sizeof reason);
+    assert_string_equal(reason, "ERR_MSG_FIELD: missing field");
+    assert_int_equal(lapse__hdr_parked_at_ms(&p), 1796057000000LL);
+    assert_int_equal(lapse__hdr_publish_seq(&p), 77);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_int_reads_every_integer_kind),
@@ -226,6 +252,7 @@ int main(void) {
         cmocka_unit_test(test_death_time_is_the_latest_entry),
         cmocka_unit_test(test_death_time_absent_or_malformed),
         cmocka_unit_test(test_reason_and_parking_keys),
+        cmocka_unit_test(test_writers_round_trip_through_the_readers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
