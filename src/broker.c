@@ -272,6 +272,39 @@ static void set_blocked(lapse__broker_t *broker, bool blocked, amqp_bytes_t reas
     }
 }
 
+/* The one place a control method from the broker is handled, on a publishing or a
+ * consuming connection: connection.blocked / unblocked are noted; a channel.close or
+ * connection.close is answered with its close-ok and reported (what names the side);
+ * anything else needs nothing. */
+static lapse_status_t handle_control(lapse__broker_t *broker, const amqp_frame_t *frame,
+                                     const char *what, lapse_error_t *err) {
+    switch (frame->payload.method.id) {
+        case AMQP_CONNECTION_BLOCKED_METHOD: {
+            const amqp_connection_blocked_t *m = frame->payload.method.decoded;
+            set_blocked(broker, true, m->reason);
+            return LAPSE_OK;
+        }
+        case AMQP_CONNECTION_UNBLOCKED_METHOD:
+            set_blocked(broker, false, amqp_empty_bytes);
+            return LAPSE_OK;
+        case AMQP_CHANNEL_CLOSE_METHOD: {
+            const amqp_channel_close_t *m = frame->payload.method.decoded;
+            amqp_channel_close_ok_t ok = {0};
+            amqp_send_method(broker->conn, frame->channel, AMQP_CHANNEL_CLOSE_OK_METHOD,
+                             &ok);
+            return server_close(broker, what, m->reply_code, m->reply_text, false, err);
+        }
+        case AMQP_CONNECTION_CLOSE_METHOD: {
+            const amqp_connection_close_t *m = frame->payload.method.decoded;
+            amqp_connection_close_ok_t ok = {0};
+            amqp_send_method(broker->conn, 0, AMQP_CONNECTION_CLOSE_OK_METHOD, &ok);
+            return server_close(broker, what, m->reply_code, m->reply_text, true, err);
+        }
+        default:
+            return LAPSE_OK;
+    }
+}
+
 /* LAPSE_OK while a wait may go on: before deadline and give_up_at, and no later than
  * LAPSE__STOP_GRACE_MS after the stop flag was first seen. */
 static lapse_status_t may_wait(lapse__broker_t *broker, int64_t deadline,
@@ -350,31 +383,8 @@ static lapse_status_t pump(lapse__broker_t *broker, int64_t timeout_ms, bool *go
             amqp_destroy_message(&msg);
             return LAPSE_OK;
         }
-        case AMQP_CONNECTION_BLOCKED_METHOD: {
-            amqp_connection_blocked_t *m = frame.payload.method.decoded;
-            set_blocked(broker, true, m->reason);
-            return LAPSE_OK;
-        }
-        case AMQP_CONNECTION_UNBLOCKED_METHOD:
-            set_blocked(broker, false, amqp_empty_bytes);
-            return LAPSE_OK;
-        case AMQP_CHANNEL_CLOSE_METHOD: {
-            amqp_channel_close_t *m = frame.payload.method.decoded;
-            amqp_channel_close_ok_t ok = {0};
-            amqp_send_method(broker->conn, frame.channel, AMQP_CHANNEL_CLOSE_OK_METHOD,
-                             &ok);
-            return server_close(broker, "publish", m->reply_code, m->reply_text, false,
-                                err);
-        }
-        case AMQP_CONNECTION_CLOSE_METHOD: {
-            amqp_connection_close_t *m = frame.payload.method.decoded;
-            amqp_connection_close_ok_t ok = {0};
-            amqp_send_method(broker->conn, 0, AMQP_CONNECTION_CLOSE_OK_METHOD, &ok);
-            return server_close(broker, "publish", m->reply_code, m->reply_text, true,
-                                err);
-        }
         default:
-            return LAPSE_OK;
+            return handle_control(broker, &frame, "publish", err);
     }
 }
 
@@ -616,35 +626,17 @@ lapse_status_t lapse__broker_consume(lapse__broker_t *broker, const char *queue,
                                err);
 }
 
-/* The one place a frame that is not a delivery is handled on a consuming connection (as
- * rabbitmq-c's amqp_consumer.c example does): a close is answered with its close-ok and
- * ends the session; a basic.cancel (the queue was deleted) ends it too; anything else
- * (a heartbeat, a late reply) is let go. */
+/* A method that is not a delivery on a consuming connection (as rabbitmq-c's
+ * amqp_consumer.c example handles them): a basic.cancel (the queue was deleted) ends the
+ * session; closes and blocked notices go to handle_control, like the publishing side's.
+ */
 static lapse_status_t handle_method(lapse__broker_t *broker, const amqp_frame_t *f,
                                     lapse_error_t *err) {
-    amqp_frame_t frame = *f;
-    switch (frame.payload.method.id) {
-        case AMQP_CHANNEL_CLOSE_METHOD: {
-            amqp_channel_close_t *m = frame.payload.method.decoded;
-            amqp_channel_close_ok_t ok = {0};
-            amqp_send_method(broker->conn, frame.channel, AMQP_CHANNEL_CLOSE_OK_METHOD,
-                             &ok);
-            return server_close(broker, "consume", m->reply_code, m->reply_text, false,
-                                err);
-        }
-        case AMQP_CONNECTION_CLOSE_METHOD: {
-            amqp_connection_close_t *m = frame.payload.method.decoded;
-            amqp_connection_close_ok_t ok = {0};
-            amqp_send_method(broker->conn, 0, AMQP_CONNECTION_CLOSE_OK_METHOD, &ok);
-            return server_close(broker, "consume", m->reply_code, m->reply_text, true,
-                                err);
-        }
-        case AMQP_BASIC_CANCEL_METHOD:
-            return lapse_error_set(err, LAPSE_ERR_BROKER_CLOSED,
-                                   "consume: the broker cancelled the consumer");
-        default:
-            return LAPSE_OK;
+    if (f->payload.method.id == AMQP_BASIC_CANCEL_METHOD) {
+        return lapse_error_set(err, LAPSE_ERR_BROKER_CLOSED,
+                               "consume: the broker cancelled the consumer");
     }
+    return handle_control(broker, f, "consume", err);
 }
 
 /* Copy bytes into pool; false when out of memory. */
