@@ -24,24 +24,6 @@
  * normal build peaks at about 7 MB; holding whole bodies, 39 MB. */
 #define HWM_BOUND_KB (24 * 1024)
 
-static long hwm_kb(pid_t pid) {
-    char path[64];
-    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
-    FILE *f = fopen(path, "r");
-    if (!f) {
-        return -1;
-    }
-    char line[256];
-    long kb = -1;
-    while (fgets(line, sizeof line, f)) {
-        if (sscanf(line, "VmHWM: %ld kB", &kb) == 1) {
-            break;
-        }
-    }
-    fclose(f);
-    return kb;
-}
-
 typedef struct parked {
     size_t n;
     size_t with_reason;
@@ -91,7 +73,7 @@ static void test_big_bodies_parked_without_being_held(void **state) {
          waited += 100) {
         usleep(100 * 1000);
     }
-    long hwm = hwm_kb(consumer);
+    long hwm = h_status_kb(consumer, "VmHWM");
     assert_int_equal(h_stop(consumer, SIGTERM, h_ms(15000)), 0);
 
     parked_t p = {0};

@@ -926,7 +926,7 @@ int64_t h_topology_depth(h_ctx_t *h, amqp_connection_state_t conn) {
     return total + h_queue_depth(conn, q);
 }
 
-long h_rss_kb(pid_t pid) {
+long h_status_kb(pid_t pid, const char *field) {
     char path[64];
     snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
     FILE *f = fopen(path, "r");
@@ -934,14 +934,20 @@ long h_rss_kb(pid_t pid) {
         return -1;
     }
     char line[256];
+    size_t n = strlen(field);
     long kb = -1;
     while (fgets(line, sizeof line, f)) {
-        if (sscanf(line, "VmRSS: %ld kB", &kb) == 1) {
+        if (strncmp(line, field, n) == 0 && line[n] == ':' &&
+            sscanf(line + n + 1, " %ld kB", &kb) == 1) {
             break;
         }
     }
     fclose(f);
     return kb;
+}
+
+long h_rss_kb(pid_t pid) {
+    return h_status_kb(pid, "VmRSS");
 }
 
 int h_node(h_ctx_t *h, const char *cmd) {

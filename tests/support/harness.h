@@ -176,6 +176,8 @@ int64_t h_topology_depth(h_ctx_t *h, amqp_connection_state_t conn);
 
 /* Resident set size of a process in kB (VmRSS), -1 when unreadable. */
 long h_rss_kb(pid_t pid);
+/* A kB field of /proc/PID/status (e.g. "VmHWM", the peak RSS), -1 when unreadable. */
+long h_status_kb(pid_t pid, const char *field);
 
 /* Run `$LAPSE_NODE_SCRIPT <cmd> $LAPSE_TEST_NODE`, output appended to <dir>/node.log;
  * returns the exit code. */
