@@ -46,6 +46,16 @@ int sf_create(sf_store_t *s, const char *tag, const char *dir, const char *file)
  * -1 with the reason on stderr. */
 int sf_drop(sf_store_t *s);
 
+/* For tests (cmocka included before this header): on PostgreSQL, print why and skip the
+ * rest of the test; on SQLite, nothing. For what is about SQLite itself. */
+#define SF_SKIP_ON_PG(why)                                                               \
+    do {                                                                                 \
+        if (sf_backend() == SF_PG) {                                                     \
+            print_message("skip on PostgreSQL: %s\n", why);                              \
+            skip();                                                                      \
+        }                                                                                \
+    } while (0)
+
 /* Whether lapse has created the store: the SQLite file exists, or lapse's schema in the
  * PostgreSQL database has its orders table. */
 bool sf_exists(const sf_store_t *s);

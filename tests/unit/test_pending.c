@@ -1,6 +1,8 @@
 /* SPDX-License-Identifier: MIT
- * Walking pending orders by deadline on a temporary SQLite file: order, filters, keyset
- * pages, limits, the cursor, callbacks that write, and the schema upgrade it needs. */
+ * Walking pending orders by deadline on a temporary SQLite file, or a database of its
+ * own on the test cluster (LAPSE_TEST_STORE=postgresql, see store_fixture.h): order,
+ * filters, keyset pages, limits, the cursor, callbacks that write, the indexes the pages
+ * read, and the schema upgrade it needs. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -17,32 +19,34 @@
 
 #include <lapse/store.h>
 
+#include "store_fixture.h"
 #include "store_int.h"
 #include "store_sqlite_sql.h"
 
 #define T0 INT64_C(1800000000000) /* 2027-01-15T08:00:00Z */
 
 typedef struct fixture {
-    char dir[64];
-    char path[96];
-    char uri[112];
+    sf_store_t sf;
+    const char *path; /* SQLite: the store file */
+    const char *uri;
     lapse_store_t *store;
 } fixture_t;
 
-static int make_dir(fixture_t *f) {
-    strcpy(f->dir, "/tmp/lapse-test-pending-XXXXXX");
-    if (mkdtemp(f->dir) == NULL) {
-        return -1;
+/* A fresh store, not opened yet. */
+static fixture_t *make_store(void) {
+    fixture_t *f = calloc(1, sizeof(*f));
+    if (f == NULL || sf_create(&f->sf, "pending", NULL, NULL) != 0) {
+        free(f);
+        return NULL;
     }
-    snprintf(f->path, sizeof(f->path), "%s/store.db", f->dir);
-    snprintf(f->uri, sizeof(f->uri), "sqlite:%s", f->path);
-    return 0;
+    f->path = f->sf.path;
+    f->uri = f->sf.uri;
+    return f;
 }
 
 static int setup(void **state) {
-    fixture_t *f = calloc(1, sizeof(*f));
-    if (f == NULL || make_dir(f) != 0) {
-        free(f);
+    fixture_t *f = make_store();
+    if (f == NULL) {
         return -1;
     }
     lapse_status_t rc;
@@ -50,7 +54,7 @@ static int setup(void **state) {
     f->store = lapse_store_open(f->uri, &rc, &err);
     if (f->store == NULL) {
         fprintf(stderr, "open %s: %s\n", f->uri, err.text);
-        rmdir(f->dir);
+        sf_drop(&f->sf);
         free(f);
         return -1;
     }
@@ -58,27 +62,17 @@ static int setup(void **state) {
     return 0;
 }
 
-/* The directory only: the test opens the store itself. */
+/* The store only: the test opens it itself. */
 static int setup_dir(void **state) {
-    fixture_t *f = calloc(1, sizeof(*f));
-    if (f == NULL || make_dir(f) != 0) {
-        free(f);
-        return -1;
-    }
+    fixture_t *f = make_store();
     *state = f;
-    return 0;
+    return f == NULL ? -1 : 0;
 }
 
 static int teardown(void **state) {
     fixture_t *f = *state;
     lapse_store_close(f->store);
-    static const char *const suffixes[] = {"", "-wal", "-shm", "-journal"};
-    for (size_t i = 0; i < sizeof(suffixes) / sizeof(suffixes[0]); i++) {
-        char name[128];
-        snprintf(name, sizeof(name), "%s%s", f->path, suffixes[i]);
-        unlink(name);
-    }
-    int rc = rmdir(f->dir);
+    int rc = sf_drop(&f->sf);
     free(f);
     return rc;
 }
@@ -399,15 +393,14 @@ static void test_pending_callback_may_write_through_the_same_handle(void **state
     assert_int_equal(counts[LAPSE_ORDER_CANCELLED], MANY);
 }
 
-static int64_t query_int(const char *path, const char *sql) {
-    sqlite3 *db = NULL;
-    sqlite3_stmt *st = NULL;
-    assert_int_equal(sqlite3_open_v2(path, &db, SQLITE_OPEN_READWRITE, NULL), SQLITE_OK);
-    assert_int_equal(sqlite3_prepare_v2(db, sql, -1, &st, NULL), SQLITE_OK);
-    assert_int_equal(sqlite3_step(st), SQLITE_ROW);
-    int64_t value = sqlite3_column_int64(st, 0);
-    sqlite3_finalize(st);
-    sqlite3_close(db);
+static int64_t query_int(const fixture_t *f, const char *sql) {
+    char err[1024];
+    int64_t value = -1;
+    sf_conn_t *c = sf_connect(&f->sf, false, err, sizeof(err));
+    if (c == NULL || sf_query_int(c, sql, &value, err, sizeof(err)) != 0) {
+        fail_msg("%s", err);
+    }
+    sf_close(c);
     return value;
 }
 
@@ -434,6 +427,8 @@ static void query_plan(lapse_store_t *store, const char *path, stmt_id_t id, cha
  * cancelled orders, no sort. */
 static void test_pending_pages_read_their_partial_index(void **state) {
     fixture_t *f = *state;
+    SF_SKIP_ON_PG("EXPLAIN QUERY PLAN and SQLite's statements (test_pg_plans_use_indexes "
+                  "checks PostgreSQL's)");
     insert_many(f->store, 50);
     char plan[1024];
     query_plan(f->store, f->path, ST_PENDING_PAGE, plan, sizeof(plan));
@@ -450,6 +445,7 @@ static void test_pending_pages_read_their_partial_index(void **state) {
  * when opened, its orders kept. */
 static void test_open_upgrades_a_version_1_file(void **state) {
     fixture_t *f = *state;
+    SF_SKIP_ON_PG("a file of SQLite schema version 1");
     sqlite3 *db = NULL;
     assert_int_equal(
         sqlite3_open_v2(f->path, &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, NULL),
@@ -493,10 +489,10 @@ static void test_open_upgrades_a_version_1_file(void **state) {
     lapse_error_t err;
     f->store = lapse_store_open(f->uri, &rc, &err);
     assert_non_null(f->store);
-    assert_int_equal(query_int(f->path, "PRAGMA user_version"), SCHEMA_VERSION);
-    assert_int_equal(query_int(f->path, "SELECT count(*) FROM sqlite_master WHERE name IN"
-                                        " ('orders_pending_deadline',"
-                                        " 'orders_unscheduled_deadline')"),
+    assert_int_equal(query_int(f, "PRAGMA user_version"), SCHEMA_VERSION);
+    assert_int_equal(query_int(f, "SELECT count(*) FROM sqlite_master WHERE name IN"
+                                  " ('orders_pending_deadline',"
+                                  " 'orders_unscheduled_deadline')"),
                      2);
     seen_t s = {0};
     walk(f->store, NULL, &s);

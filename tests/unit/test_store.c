@@ -1,5 +1,7 @@
 /* SPDX-License-Identifier: MIT
- * The SQLite store on a temporary file: idempotency, compare-and-set, outbox, races. */
+ * The store on a temporary SQLite file, or a database of its own on the test cluster
+ * (LAPSE_TEST_STORE=postgresql, see store_fixture.h): idempotency, compare-and-set,
+ * outbox, races. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -7,6 +9,7 @@
 
 #include <cmocka.h>
 
+#include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,35 +24,35 @@
 
 #include <lapse/store.h>
 
+#include "store_fixture.h"
+
 /* 2027-01-15T08:00:00Z; orders are created then and lapse half an hour later. */
 #define T0       INT64_C(1800000000000)
 #define DEADLINE (T0 + 30 * 60 * 1000)
 
 typedef struct fixture {
-    char dir[64];
-    char path[96];
-    char uri[112];
+    sf_store_t sf;   /* the store: sf.uri; on SQLite sf.dir holds sf.path */
+    const char *dir; /* SQLite: the directory of the store file */
+    const char *path;
+    const char *uri;
     lapse_store_t *store;
 } fixture_t;
 
 static int setup(void **state) {
     fixture_t *f = calloc(1, sizeof(*f));
-    if (f == NULL) {
-        return -1;
-    }
-    strcpy(f->dir, "/tmp/lapse-test-store-XXXXXX");
-    if (mkdtemp(f->dir) == NULL) {
+    if (f == NULL || sf_create(&f->sf, "store", NULL, NULL) != 0) {
         free(f);
         return -1;
     }
-    snprintf(f->path, sizeof(f->path), "%s/store.db", f->dir);
-    snprintf(f->uri, sizeof(f->uri), "sqlite:%s", f->path);
+    f->dir = f->sf.dir;
+    f->path = f->sf.path;
+    f->uri = f->sf.uri;
     lapse_status_t rc;
     lapse_error_t err;
     f->store = lapse_store_open(f->uri, &rc, &err);
     if (f->store == NULL) {
         fprintf(stderr, "open %s: %s\n", f->uri, err.text);
-        rmdir(f->dir);
+        sf_drop(&f->sf);
         free(f);
         return -1;
     }
@@ -60,37 +63,46 @@ static int setup(void **state) {
 static int teardown(void **state) {
     fixture_t *f = *state;
     lapse_store_close(f->store);
-    static const char *const suffixes[] = {"", "-wal", "-shm", "-journal"};
-    for (size_t i = 0; i < sizeof(suffixes) / sizeof(suffixes[0]); i++) {
-        char name[128];
-        snprintf(name, sizeof(name), "%s%s", f->path, suffixes[i]);
-        unlink(name);
-    }
-    int rc = rmdir(f->dir);
+    int rc = sf_drop(&f->sf);
     free(f);
     return rc;
 }
 
 /* Reads one integer with a connection of its own, as another process would. */
 static int64_t query_int(const fixture_t *f, const char *sql) {
-    sqlite3 *db = NULL;
-    sqlite3_stmt *st = NULL;
-    assert_int_equal(sqlite3_open_v2(f->path, &db, SQLITE_OPEN_READWRITE, NULL),
-                     SQLITE_OK);
-    assert_int_equal(sqlite3_prepare_v2(db, sql, -1, &st, NULL), SQLITE_OK);
-    assert_int_equal(sqlite3_step(st), SQLITE_ROW);
-    int64_t value = sqlite3_column_int64(st, 0);
-    sqlite3_finalize(st);
-    sqlite3_close(db);
+    char err[1024];
+    int64_t value = -1;
+    sf_conn_t *c = sf_connect(&f->sf, false, err, sizeof(err));
+    if (c == NULL || sf_query_int(c, sql, &value, err, sizeof(err)) != 0) {
+        fail_msg("%s", err);
+    }
+    sf_close(c);
     return value;
 }
 
 static void exec_sql(const fixture_t *f, const char *sql) {
-    sqlite3 *db = NULL;
-    assert_int_equal(sqlite3_open_v2(f->path, &db, SQLITE_OPEN_READWRITE, NULL),
-                     SQLITE_OK);
-    assert_int_equal(sqlite3_exec(db, sql, NULL, NULL, NULL), SQLITE_OK);
-    sqlite3_close(db);
+    char err[1024];
+    sf_conn_t *c = sf_connect(&f->sf, false, err, sizeof(err));
+    if (c == NULL || sf_exec(c, sql, err, sizeof(err)) != 0) {
+        fail_msg("%s", err);
+    }
+    sf_close(c);
+}
+
+/* Whether needle occurs in text, ignoring ASCII case. */
+static bool contains_nocase(const char *text, const char *needle) {
+    size_t n = strlen(needle);
+    for (; *text != '\0'; text++) {
+        size_t i = 0;
+        while (i < n && text[i] != '\0' &&
+               tolower((unsigned char)text[i]) == tolower((unsigned char)needle[i])) {
+            i++;
+        }
+        if (i == n) {
+            return true;
+        }
+    }
+    return n == 0;
 }
 
 static lapse_status_t insert(lapse_store_t *store, const char *order_id,
@@ -151,25 +163,24 @@ static void test_open_bad_uri(void **state) {
     assert_true(err.text[0] != '\0');
 }
 
-/* Commands that only read open with MUST_EXIST: a missing store is an error, and no
- * file appears; the same store opens once something created it. */
+/* Commands that only read open with MUST_EXIST: a missing store (no file; a database
+ * without lapse's schema) is an error, and none appears; the same store opens once
+ * something created it. */
 static void test_open_must_exist(void **state) {
     fixture_t *f = *state;
-    char path[128], uri[160];
-    snprintf(path, sizeof path, "%s/other.db", f->dir);
-    snprintf(uri, sizeof uri, "sqlite:%s", path);
+    sf_store_t other;
+    assert_int_equal(sf_create(&other, "store-other", f->dir, "other.db"), 0);
     lapse_status_t rc = LAPSE_OK;
     lapse_error_t err;
-    assert_null(lapse_store_open_flags(uri, LAPSE_STORE_MUST_EXIST, &rc, &err));
+    assert_null(lapse_store_open_flags(other.uri, LAPSE_STORE_MUST_EXIST, &rc, &err));
     assert_int_equal(rc, LAPSE_ERR_STORE_MISSING);
     assert_int_equal(err.code, LAPSE_ERR_STORE_MISSING);
     assert_non_null(strstr(err.text, "store not found"));
-    assert_non_null(strstr(err.text, path));
-    assert_int_not_equal(access(path, F_OK), 0);
-    /* A missing directory is missing too. */
-    assert_null(lapse_store_open_flags("sqlite:/nonexistent-lapse-dir/x.db",
-                                       LAPSE_STORE_MUST_EXIST, &rc, &err));
-    assert_int_equal(rc, LAPSE_ERR_STORE_MISSING);
+    if (other.backend == SF_SQLITE) {
+        assert_non_null(strstr(err.text, other.path));
+    }
+    assert_false(sf_exists(&other));
+    assert_int_equal(sf_drop(&other), 0);
     /* The fixture's store exists: it opens, and keeps its orders. */
     assert_int_equal(insert(f->store, "ord-1", DEADLINE, NULL, 0), LAPSE_OK);
     lapse_store_t *again =
@@ -180,8 +191,21 @@ static void test_open_must_exist(void **state) {
     assert_int_equal(lapse_store_get(again, "ord-1", &order, &err), LAPSE_OK);
     lapse_order_clear(&order);
     lapse_store_close(again);
+}
+
+/* The same for what only SQLite has: a missing directory, and a store in memory. */
+static void test_open_must_exist_sqlite_paths(void **state) {
+    (void)state;
+    SF_SKIP_ON_PG("directories and :memory: are SQLite's");
+    lapse_status_t rc = LAPSE_OK;
+    lapse_error_t err;
+    /* A missing directory is missing too. */
+    assert_null(lapse_store_open_flags("sqlite:/nonexistent-lapse-dir/x.db",
+                                       LAPSE_STORE_MUST_EXIST, &rc, &err));
+    assert_int_equal(rc, LAPSE_ERR_STORE_MISSING);
     /* In memory there is no file to miss. */
-    again = lapse_store_open_flags("sqlite::memory:", LAPSE_STORE_MUST_EXIST, &rc, &err);
+    lapse_store_t *again =
+        lapse_store_open_flags("sqlite::memory:", LAPSE_STORE_MUST_EXIST, &rc, &err);
     assert_non_null(again);
     lapse_store_close(again);
 }
@@ -195,6 +219,7 @@ static unsigned file_mode(const char *path) {
 /* A new store file is 0600 whatever the umask, and its -wal and -shm follow it. */
 static void test_new_store_files_are_0600(void **state) {
     fixture_t *f = *state;
+    SF_SKIP_ON_PG("file modes of the SQLite store and its -wal and -shm files");
     static const mode_t umasks[] = {0, 022, 0277};
     for (size_t i = 0; i < sizeof umasks / sizeof umasks[0]; i++) {
         char path[128], uri[160], wal[140], shm[140];
@@ -230,8 +255,29 @@ static void test_new_store_files_are_0600(void **state) {
     assert_int_equal(file_mode(f->path), 0640);
 }
 
+/* The schema is there once the store is open, and a second handle (another process,
+ * say) opens an existing store as it is. */
+static void test_open_creates_the_tables(void **state) {
+    fixture_t *f = *state;
+    char err_text[1024];
+    sf_conn_t *c = sf_connect(&f->sf, true, err_text, sizeof(err_text));
+    assert_non_null(c);
+    assert_true(sf_table_exists(c, "orders"));
+    assert_true(sf_table_exists(c, "holds"));
+    assert_true(sf_table_exists(c, "events"));
+    sf_close(c);
+    assert_int_equal(insert(f->store, "ord-1", DEADLINE, NULL, 0), LAPSE_OK);
+    lapse_status_t rc;
+    lapse_error_t err;
+    lapse_store_t *other = lapse_store_open(f->uri, &rc, &err);
+    assert_non_null(other);
+    assert_int_equal(status_of(other, "ord-1"), LAPSE_ORDER_PENDING);
+    lapse_store_close(other);
+}
+
 static void test_open_uses_wal_and_versioned_schema(void **state) {
     fixture_t *f = *state;
+    SF_SKIP_ON_PG("WAL and PRAGMA user_version are SQLite's");
     sqlite3 *db = NULL;
     sqlite3_stmt *st = NULL;
     assert_int_equal(sqlite3_open(f->path, &db), SQLITE_OK);
@@ -256,6 +302,7 @@ static void test_open_uses_wal_and_versioned_schema(void **state) {
 
 static void test_open_refuses_newer_schema(void **state) {
     fixture_t *f = *state;
+    SF_SKIP_ON_PG("the schema version is SQLite's PRAGMA user_version");
     exec_sql(f, "PRAGMA user_version = 99");
     lapse_status_t rc;
     lapse_error_t err;
@@ -535,7 +582,8 @@ static void test_cancel_batch_failure_writes_nothing(void **state) {
     assert_int_equal(lapse_store_cancel_batch(f->store, items, 2, DEADLINE, &err),
                      LAPSE_ERR_STORE_SQL);
     assert_int_equal(err.code, LAPSE_ERR_STORE_SQL);
-    assert_true(strstr(err.text, "UNIQUE") != NULL);
+    /* "UNIQUE constraint failed" (SQLite), "violates unique constraint" (PostgreSQL). */
+    assert_true(contains_nocase(err.text, "unique"));
     assert_int_equal(items[0].outcome, LAPSE_CANCEL_UNKNOWN);
     assert_int_equal(items[0].event_seq, 0);
     assert_int_equal(status_of(f->store, "ord-a"), LAPSE_ORDER_PENDING);
@@ -909,6 +957,8 @@ int main(void) {
 #define T(name) cmocka_unit_test_setup_teardown(name, setup, teardown)
     const struct CMUnitTest tests[] = {
         T(test_open_must_exist),
+        cmocka_unit_test(test_open_must_exist_sqlite_paths),
+        T(test_open_creates_the_tables),
         T(test_new_store_files_are_0600),
         cmocka_unit_test(test_open_bad_uri),
         cmocka_unit_test(test_names_are_static_strings),
