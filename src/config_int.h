@@ -25,6 +25,7 @@ struct lapse_config {
     char vhost[256];
 
     char store[1024];
+    char store_schema[64]; /* PostgreSQL: the schema of lapse's tables */
     char prefix[LAPSE__PREFIX_MAX + 1];
     lapse__class_t classes[LAPSE__MAX_CLASSES];
     size_t n_classes;

@@ -313,6 +313,7 @@ static lapse_status_t cancel_one(sqlite_store_t *s, lapse_cancel_item_t *item,
     item->outcome = LAPSE_CANCEL_UNKNOWN;
     item->deadline_ms = 0;
     item->event_seq = 0;
+    item->now_ms = now_ms;
     lapse_status_t rc =
         run(s, ST_ORDER_CANCEL, &changes, err, "it", now_ms, item->order_id);
     if (rc == LAPSE_OK) {
@@ -540,6 +541,7 @@ static void sq_close(lapse_store_t *store) {
 
 static const lapse__store_class_t sqlite_class = {
     .name = "sqlite",
+    .now = NULL, /* one host: its wall clock decides */
     .insert_orders = sq_insert_orders,
     .mark_scheduled = sq_mark_scheduled,
     .pay = sq_pay,

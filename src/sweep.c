@@ -18,6 +18,9 @@
 #define STORE_ATTEMPTS 8
 #define CONNECT_TRIES  3
 #define PROGRESS_EVERY 200 /* orders between progress calls */
+/* How long a sweep's claim on the unscheduled orders it re-publishes lasts (a store
+ * shared by many hosts): a competing sweep skips them meanwhile. */
+#define REPUBLISH_CLAIM_MS 60000
 
 typedef struct sweep sweep_t;
 typedef int (*visit_fn)(sweep_t *s, const lapse_order_t *order);
@@ -161,7 +164,8 @@ static lapse_status_t flush_cancels(sweep_t *s) {
         /* Taken per attempt: the compare-and-set checks deadline <= now, and every
          * order here was due a grace period before the walk began. A caller's decision
          * clock (opts.now_ms, the consumer's broker-clock bound) is used as given: it is
-         * the time the caller vouches for, and it is never later than the truth. */
+         * the time the caller vouches for, and it is never later than the truth. A store
+         * with its own clock decides by that one instead (lapse_store_has_clock). */
         now = s->opts->now_ms != 0 ? s->opts->now_ms : lapse_clock_now_ms();
         rc = lapse_store_cancel_batch(s->store, s->items, n, now, &err);
         if (rc != LAPSE_ERR_STORE_BUSY || progress(s)) {
@@ -188,7 +192,7 @@ static lapse_status_t flush_cancels(sweep_t *s) {
                    "event=sweep_cancel order_id=%s deadline_ms=%lld lag_ms=%lld "
                    "reason=message_lost",
                    item->order_id, (long long)item->deadline_ms,
-                   (long long)(now - item->deadline_ms));
+                   (long long)(item->now_ms - item->deadline_ms));
     }
     return LAPSE_OK;
 }
@@ -465,10 +469,18 @@ lapse_status_t lapse_sweep_run(const lapse_config_t *cfg, lapse_store_t *store,
         return rc;
     }
     opts = s->opts;
-    int64_t now = lapse_clock_now_ms();
-    /* deadline + grace <= now, i.e. deadline < now - grace + 1: lost. The direct cancels
-     * use the caller's decision clock when it gives one. */
-    int64_t cancel_now = opts->now_ms != 0 ? opts->now_ms : now;
+    /* The clock that decides: the store's own (PostgreSQL's server), else this host's. */
+    int64_t now = 0;
+    lapse_error_t cerr = {0};
+    if (lapse_store_now(store, &now, &cerr) != LAPSE_OK) {
+        lapse_error_set(&s->err, cerr.code, "%s", cerr.text);
+        s->rc = cerr.code;
+        return finish(s, err);
+    }
+    /* deadline + grace <= now, i.e. deadline < now - grace + 1: lost. Without a store
+     * clock the direct cancels use the caller's decision clock when it gives one. */
+    int64_t cancel_now =
+        opts->now_ms != 0 && !lapse_store_has_clock(store) ? opts->now_ms : now;
     s->cancel_due_before = lapse__time_add(cancel_now, 1 - opts->grace_ms);
     /* The store-only part first: it needs no broker, and what it cancels need not be
      * published again. */
@@ -481,6 +493,7 @@ lapse_status_t lapse_sweep_run(const lapse_config_t *cfg, lapse_store_t *store,
         lapse_pending_filter_init(&filter);
         filter.only_unscheduled = true;
         filter.created_before_ms = lapse__time_add(now, -opts->in_flight_ms);
+        filter.claim_ms = opts->dry_run ? 0 : REPUBLISH_CLAIM_MS;
         republish(s, &filter);
     }
     if (opts->events && !opts->dry_run && !s->stopped) {

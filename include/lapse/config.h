@@ -27,7 +27,9 @@ LAPSE_API void lapse_config_free(lapse_config_t *cfg);
  * Set a property; value is borrowed (copied). Properties (environment variable, default):
  *   amqp_url     amqp://user:pass@host:port/vhost   (LAPSE_AMQP_URL,
  *                                    amqp://guest:guest@localhost:5672/%2f)
- *   store        sqlite:PATH                        (LAPSE_STORE, sqlite:lapse.db)
+ *   store        sqlite:PATH or postgresql://...    (LAPSE_STORE, sqlite:lapse.db)
+ *   store_schema [a-z_][a-z0-9_]{0,62}: PostgreSQL schema of lapse's tables
+ *                                                   (LAPSE_STORE_SCHEMA, lapse)
  *   prefix       [A-Za-z0-9_-]{1,48}                (LAPSE_PREFIX, lapse)
  *   classes      comma-separated durations          (LAPSE_CLASSES, 30m)
  *   queue_type   classic | quorum                   (LAPSE_QUEUE_TYPE, classic)

@@ -44,7 +44,9 @@ typedef struct lapse_sweep_opts {
                              publishes the outbox itself, turns it off */
     int64_t now_ms;       /* the time direct cancels are decided by, ms since the epoch;
                              0 (default): this host's wall clock. A consumer passes its
-                             broker-clock bound (docs/design.md, "The clock rule") */
+                             broker-clock bound (docs/design.md, "The clock rule").
+                             Ignored by a store with its own clock
+                             (lapse_store_has_clock), which decides by that */
     lapse_sweep_progress_cb progress; /* optional (NULL); also asked between busy-store
                                          retries, so a caller's stop or time budget is
                                          seen within one store wait */
