@@ -351,6 +351,8 @@ static const prop_t props[] = {
      NULL, NULL},
     {"sweep_in_flight", "LAPSE_IN_FLIGHT", "30s", PROP_SPAN, FIELD(sweep_in_flight_ms), 0,
      0, NULL, NULL, NULL},
+    {"retention", "LAPSE_RETENTION", "30d", PROP_SPAN, FIELD(retention_ms), 0, 0, NULL,
+     NULL, NULL},
     {"events_queue", "LAPSE_EVENTS_QUEUE", "", PROP_CUSTOM, FIELD(events_queue), 0, 0,
      NULL, set_events_queue, NULL},
 };

@@ -335,6 +335,24 @@ lapse_status_t lapse_store_count(lapse_store_t *store, int64_t counts[3],
     return store->cls->count(store, counts, err);
 }
 
+lapse_status_t lapse_store_prune(lapse_store_t *store, int64_t before_ms, size_t limit,
+                                 int64_t *orders, int64_t *events, lapse_error_t *err) {
+    int64_t ignored[2];
+    lapse_error_clear(err);
+    if (store == NULL) {
+        return invalid(err, "prune: NULL argument");
+    }
+    *(orders != NULL ? orders : &ignored[0]) = 0;
+    *(events != NULL ? events : &ignored[1]) = 0;
+    if (limit == 0) {
+        return LAPSE_OK;
+    }
+    int64_t bound = limit > (size_t)INT64_MAX ? INT64_MAX : (int64_t)limit;
+    return store->cls->prune(store, before_ms, bound,
+                             orders != NULL ? orders : &ignored[0],
+                             events != NULL ? events : &ignored[1], err);
+}
+
 bool lapse__event_list_add(lapse__event_list_t *list, int64_t seq, const char *event_id,
                            size_t event_id_len, const char *order_id, size_t order_id_len,
                            const char *body, size_t body_len) {

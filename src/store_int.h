@@ -93,6 +93,10 @@ typedef struct lapse__store_class {
                                    const lapse_pending_filter_t *filter,
                                    int64_t after_deadline_ms, const char *after_id,
                                    lapse__order_page_t *page, lapse_error_t *err);
+    /* Deletes at most limit settled orders and limit published events older than
+     * before_ms (lapse_store_prune); counts written to *orders, *events. */
+    lapse_status_t (*prune)(lapse_store_t *store, int64_t before_ms, int64_t limit,
+                            int64_t *orders, int64_t *events, lapse_error_t *err);
     /* Releases everything, including the handle's memory. */
     void (*close)(lapse_store_t *store);
 } lapse__store_class_t;

@@ -36,7 +36,7 @@ static pg_store_t *as_pg(lapse_store_t *store) {
     return (pg_store_t *)store;
 }
 
-/* ---- errors ------------------------------------------------------------------------ */
+/* ---- errors ---- */
 
 /* Failures worth retrying: the connection (class 08), the server shutting down or
  * starting (57P0x), too many connections (53300), serialization and deadlock (40xxx),
@@ -72,8 +72,7 @@ static lapse_status_t fail_result(pg_store_t *s, const PGresult *res, const char
         state != NULL ? state : "");
 }
 
-/* ---- the connection -----------------------------------------------------------------
- */
+/* ---- the connection ---- */
 
 static lapse_status_t connect_db(pg_store_t *s, lapse_error_t *err) {
     /* Before dbname, so that the URI's own settings win. */
@@ -166,8 +165,7 @@ static lapse_status_t end(pg_store_t *s, lapse_status_t rc, lapse_error_t *err) 
     return rc;
 }
 
-/* ---- parameters ----------------------------------------------------------------------
- */
+/* ---- parameters ---- */
 
 /* A growing text buffer; ok turns false once memory ran out. */
 typedef struct buf {
@@ -280,8 +278,7 @@ static lapse_status_t parse_holds(const char *json, lapse_order_t *out,
     return rc;
 }
 
-/* ---- the clock ------------------------------------------------------------------------
- */
+/* ---- the clock ---- */
 
 static lapse_status_t pg_now(lapse_store_t *store, int64_t *now_ms, lapse_error_t *err) {
     pg_store_t *s = as_pg(store);
@@ -306,8 +303,7 @@ static lapse_status_t pg_now(lapse_store_t *store, int64_t *now_ms, lapse_error_
     return LAPSE_OK;
 }
 
-/* ---- orders
- * ----------------------------------------------------------------------------- */
+/* ---- orders ---- */
 
 static lapse_status_t pg_insert_orders(lapse_store_t *store,
                                        const lapse_new_order_t *orders, size_t n,
@@ -511,8 +507,7 @@ static lapse_status_t pg_count(lapse_store_t *store, int64_t counts[3],
     return rc;
 }
 
-/* ---- cancellation ---------------------------------------------------------------------
- */
+/* ---- cancellation ---- */
 
 static lapse_cancel_item_t *find_item(lapse_cancel_item_t *items, size_t n,
                                       const char *id) {
@@ -720,8 +715,7 @@ static lapse_status_t pg_cancel_batch(lapse_store_t *store, lapse_cancel_item_t 
     return rc;
 }
 
-/* ---- the outbox ----------------------------------------------------------------------
- */
+/* ---- the outbox ---- */
 
 static int by_seq(const void *a, const void *b) {
     int64_t x = ((const lapse_event_t *)a)->seq, y = ((const lapse_event_t *)b)->seq;
@@ -801,8 +795,7 @@ static lapse_status_t pg_events_count(lapse_store_t *store, int64_t *pending,
     return rc;
 }
 
-/* ---- the pending walk
- * ------------------------------------------------------------------ */
+/* ---- the pending walk ---- */
 
 static int by_deadline_id(const void *a, const void *b) {
     const lapse_order_t *x = a, *y = b;
@@ -859,8 +852,33 @@ static lapse_status_t pg_pending_page(lapse_store_t *store,
     return rc;
 }
 
-/* ---- opening
- * ------------------------------------------------------------------------------ */
+/* ---- pruning ---- */
+
+static lapse_status_t pg_prune(lapse_store_t *store, int64_t before_ms, int64_t limit,
+                               int64_t *orders, int64_t *events, lapse_error_t *err) {
+    pg_store_t *s = as_pg(store);
+    char t[2][32];
+    const char *p[2] = {int_text(t[0], before_ms), int_text(t[1], limit)};
+    PGresult *o = NULL, *e = NULL;
+    /* Holds go with their orders (ON DELETE CASCADE); rows another session holds are
+     * skipped, for the next run. */
+    lapse_status_t rc = begin(s, err);
+    if (rc == LAPSE_OK) {
+        rc = exec_v(s, PS_PRUNE_ORDERS, &o, 2, p, err);
+    }
+    if (rc == LAPSE_OK) {
+        rc = exec_v(s, PS_PRUNE_EVENTS, &e, 2, p, err);
+    }
+    if (rc == LAPSE_OK) {
+        *orders = strtoll(PQcmdTuples(o), NULL, 10);
+        *events = strtoll(PQcmdTuples(e), NULL, 10);
+    }
+    PQclear(o);
+    PQclear(e);
+    return end(s, rc, err);
+}
+
+/* ---- opening ---- */
 
 /* s->sql[i]: the statement with every "@." replaced by the quoted schema and a dot. */
 static lapse_status_t expand(const char *quoted, const char *sql, char **out) {
@@ -1006,6 +1024,7 @@ static const lapse__store_class_t pg_class = {
     .events_mark_published = pg_events_mark_published,
     .events_count = pg_events_count,
     .pending_page = pg_pending_page,
+    .prune = pg_prune,
     .close = pg_close,
 };
 

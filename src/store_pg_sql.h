@@ -35,7 +35,8 @@ static const char PG_SCHEMA_V1[] =
     "CREATE INDEX IF NOT EXISTS orders_unscheduled_deadline"
     " ON @.orders (deadline_ms, order_id) WHERE status = 'pending' AND scheduled = 0;"
     "CREATE TABLE IF NOT EXISTS @.holds ("
-    " order_id text COLLATE \"C\" NOT NULL REFERENCES @.orders (order_id),"
+    " order_id text COLLATE \"C\" NOT NULL REFERENCES @.orders (order_id)"
+    " ON DELETE CASCADE,"
     " resource text NOT NULL,"
     " released_at_ms bigint,"
     " PRIMARY KEY (order_id, resource));"
@@ -48,7 +49,11 @@ static const char PG_SCHEMA_V1[] =
     " published_at_ms bigint,"
     " claimed_until_ms bigint);"
     "CREATE INDEX IF NOT EXISTS events_unpublished ON @.events (seq)"
-    " WHERE published_at_ms IS NULL;";
+    " WHERE published_at_ms IS NULL;"
+    "CREATE INDEX IF NOT EXISTS orders_settled_deadline ON @.orders (deadline_ms)"
+    " WHERE status <> 'pending';"
+    "CREATE INDEX IF NOT EXISTS events_published ON @.events (published_at_ms)"
+    " WHERE published_at_ms IS NOT NULL;";
 
 /* Each transaction that writes starts with this (one round trip): short waits for locks,
  * a bound on every statement, and a session that dies rather than sit on its locks. */
@@ -112,6 +117,16 @@ static const char PG_SCHEMA_V1[] =
                         " claimed_until_ms = NULL"                                       \
                         " WHERE seq = ANY ($1::bigint[]) AND published_at_ms IS NULL")   \
     X(EVENTS_COUNT, "SELECT count(*) FROM @.events WHERE published_at_ms IS NULL")       \
+    X(PRUNE_ORDERS,                                                                      \
+      "DELETE FROM @.orders WHERE order_id IN (SELECT o.order_id"                        \
+      " FROM @.orders o WHERE o.status <> 'pending' AND o.deadline_ms < $1"              \
+      " AND coalesce(o.paid_at_ms, o.cancelled_at_ms) < $1"                              \
+      " AND NOT EXISTS (SELECT 1 FROM @.events e WHERE e.event_id ="                     \
+      " 'order.cancelled:' || o.order_id AND e.published_at_ms IS NULL)"                 \
+      " LIMIT $2"                                                                        \
+      " FOR UPDATE SKIP LOCKED)")                                                        \
+    X(PRUNE_EVENTS, "DELETE FROM @.events WHERE seq IN (SELECT seq FROM @.events"        \
+                    " WHERE published_at_ms < $1 LIMIT $2 FOR UPDATE SKIP LOCKED)")      \
     X(PENDING_PAGE, "SELECT o.order_id, o.deadline_ms, o.created_at_ms, o.scheduled,"    \
                     " CASE WHEN $6 THEN " HOLDS_JSON " END FROM @.orders o"              \
                     " WHERE o.status = 'pending' AND (o.deadline_ms, o.order_id) >"      \

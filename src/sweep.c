@@ -209,6 +209,46 @@ static int visit_cancel(sweep_t *s, const lapse_order_t *order) {
     return 0;
 }
 
+/* ---- pruning ---------------------------------------------------------------------- */
+
+#define PRUNE_BATCH 1000 /* rows of each kind per prune transaction */
+
+static void prune(sweep_t *s, int64_t now) {
+    s->part = "prune";
+    s->part_failed = false;
+    int64_t before = lapse__time_add(now, -s->opts->retention_ms);
+    size_t max = s->opts->max_orders;
+    for (unsigned attempt = 0; !s->stopped;) {
+        size_t done = (size_t)(s->report->pruned_orders > s->report->pruned_events
+                                   ? s->report->pruned_orders
+                                   : s->report->pruned_events);
+        size_t limit = max > 0 && max - done < PRUNE_BATCH ? max - done : PRUNE_BATCH;
+        if (max > 0 && done >= max) {
+            s->report->more = true;
+            return;
+        }
+        int64_t orders = 0, events = 0;
+        lapse_error_t err = {0};
+        lapse_status_t rc =
+            lapse_store_prune(s->store, before, limit, &orders, &events, &err);
+        if (rc == LAPSE_ERR_STORE_BUSY && ++attempt < STORE_ATTEMPTS && !progress(s)) {
+            lapse__sleep_ms(lapse__backoff_ms(attempt, 50, 2000), NULL);
+            continue;
+        }
+        if (rc != LAPSE_OK) {
+            part_fail(s, rc, err.text);
+            return;
+        }
+        attempt = 0;
+        s->report->pruned_orders += (uint64_t)orders;
+        s->report->pruned_events += (uint64_t)events;
+        if ((size_t)orders < limit && (size_t)events < limit) {
+            return;
+        }
+        progress(s);
+    }
+}
+
 static void cancel_lost(sweep_t *s) {
     s->part = "cancel";
     s->part_failed = false;
@@ -418,9 +458,12 @@ static lapse_status_t start(sweep_t **out, const char *event, const lapse_config
     /* Bounded so that now - grace cannot overflow: a grace of a century is plenty. */
     const int64_t century = INT64_C(100) * 366 * 86400 * 1000;
     if (opts->grace_ms < 0 || opts->grace_ms > century || opts->in_flight_ms < 0 ||
-        opts->in_flight_ms > century) {
-        return lapse_error_set(err, LAPSE_ERR_INVALID,
-                               "sweep: grace and in-flight margin must be 0..100 years");
+        opts->in_flight_ms > century || opts->retention_ms < 0 ||
+        opts->retention_ms > century) {
+        return lapse_error_set(
+            err, LAPSE_ERR_INVALID,
+            "sweep: grace, in-flight margin and retention must be 0..100 "
+            "years");
     }
     sweep_t *s = calloc(1, sizeof(*s));
     if (s == NULL) {
@@ -440,16 +483,18 @@ static lapse_status_t finish(sweep_t *s, lapse_error_t *err) {
     /* One summary line, only when something happened: a periodic caller's idle runs
      * stay quiet. */
     if (r->republished + r->cancelled + r->would_republish + r->would_cancel +
-            r->skipped + r->failed >
+            r->skipped + r->failed + r->pruned_orders + r->pruned_events >
         0) {
-        lapse__log(s->cfg, r->failed > 0 ? LAPSE_LOG_WARN : LAPSE_LOG_INFO,
-                   "event=%s republished=%llu cancelled=%llu would_republish=%llu "
-                   "would_cancel=%llu skipped=%llu failed=%llu dry_run=%d",
-                   s->event, (unsigned long long)r->republished,
-                   (unsigned long long)r->cancelled,
-                   (unsigned long long)r->would_republish,
-                   (unsigned long long)r->would_cancel, (unsigned long long)r->skipped,
-                   (unsigned long long)r->failed, s->opts->dry_run ? 1 : 0);
+        lapse__log(
+            s->cfg, r->failed > 0 ? LAPSE_LOG_WARN : LAPSE_LOG_INFO,
+            "event=%s republished=%llu cancelled=%llu would_republish=%llu "
+            "would_cancel=%llu skipped=%llu failed=%llu dry_run=%d "
+            "pruned_orders=%llu pruned_events=%llu",
+            s->event, (unsigned long long)r->republished,
+            (unsigned long long)r->cancelled, (unsigned long long)r->would_republish,
+            (unsigned long long)r->would_cancel, (unsigned long long)r->skipped,
+            (unsigned long long)r->failed, s->opts->dry_run ? 1 : 0,
+            (unsigned long long)r->pruned_orders, (unsigned long long)r->pruned_events);
     }
     lapse_status_t rc = s->rc;
     if (rc != LAPSE_OK && err != NULL) {
@@ -498,6 +543,9 @@ lapse_status_t lapse_sweep_run(const lapse_config_t *cfg, lapse_store_t *store,
     }
     if (opts->events && !opts->dry_run && !s->stopped) {
         publish_events(s);
+    }
+    if (opts->retention_ms > 0 && !opts->dry_run && !s->stopped) {
+        prune(s, now);
     }
     return finish(s, err);
 }

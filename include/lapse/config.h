@@ -42,6 +42,8 @@ LAPSE_API void lapse_config_free(lapse_config_t *cfg);
  *                0 never)                           (LAPSE_SWEEP_EVERY, 60s)
  *   sweep_grace  duration or 0: how long after its deadline a pending order is
  *                cancelled directly by a sweep      (LAPSE_GRACE, 60s)
+ *   retention    duration or 0: sweeps delete settled orders and published events older
+ *                than this; 0 keeps everything     (LAPSE_RETENTION, 30d)
  *   sweep_in_flight duration or 0: a sweep publishes again only orders recorded longer
  *                ago than this                      (LAPSE_IN_FLIGHT, 30s)
  *   events_queue queue name, up to 95 bytes of [A-Za-z0-9._:-], not amq.*, or "": a

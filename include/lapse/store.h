@@ -269,6 +269,20 @@ LAPSE_API lapse_status_t lapse_store_pending(lapse_store_t *store,
 LAPSE_API lapse_status_t lapse_store_events_count(lapse_store_t *store, int64_t *pending,
                                                   lapse_error_t *err);
 
+/**
+ * Keep the tables from growing without bound: in one short transaction, delete at most
+ * limit settled orders (paid or cancelled) whose deadline and settlement both lie before
+ * before_ms and whose event, if any, is published, with their holds; and at most limit
+ * outbox events published before before_ms. Pending orders and unpublished events are never touched. An expiry message
+ * that arrives for a pruned order finds no order and is parked as unknown, so before_ms
+ * should lie well behind anything still in flight (the consumer uses now - retention).
+ * @param orders, events receive how many rows went (both may be NULL).
+ * @return LAPSE_OK or a store error (LAPSE_ERR_STORE_BUSY is retriable).
+ */
+LAPSE_API lapse_status_t lapse_store_prune(lapse_store_t *store, int64_t before_ms,
+                                           size_t limit, int64_t *orders, int64_t *events,
+                                           lapse_error_t *err);
+
 /** Mark outbox events as published (confirmed by the broker), in one transaction. */
 LAPSE_API lapse_status_t lapse_store_events_mark_published(lapse_store_t *store,
                                                            const int64_t *seqs, size_t n,

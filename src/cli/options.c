@@ -132,6 +132,13 @@ const cli_option_t cli_options[] = {
      .commands = CONSUMER_SETTING | IN(SWEEP),
      .help = "a sweep leaves orders recorded less than D ago (0: none): their publish "
              "may still be waiting for its confirm"},
+    {.name = "retention",
+     .metavar = "D",
+     .property = "retention",
+     .example = "90d",
+     .commands = CONSUMER_SETTING | IN(SWEEP),
+     .help = "sweeps delete paid and cancelled orders, and published events, once their "
+             "deadline and settlement are D in the past (0: keep everything)"},
 
     /* publish */
     {.name = "timeout",
