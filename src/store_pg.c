@@ -395,13 +395,14 @@ static lapse_status_t pg_mark_scheduled(lapse_store_t *store,
         arr_text(&ids, order_ids[i]);
     }
     const char *params[1] = {arr_end(&ids)};
-    lapse_status_t rc =
-        params[0] != NULL ? ensure_conn(s, err) : nomem(err, "mark_scheduled");
+    /* In a transaction of its own for its lock_timeout: a row someone holds (the shop's
+     * long transaction) fails this as retriable after 2 s instead of stalling. */
+    lapse_status_t rc = params[0] != NULL ? begin(s, err) : nomem(err, "mark_scheduled");
     if (rc == LAPSE_OK) {
-        rc = exec_v(s, PS_ORDERS_SCHEDULE, NULL, 1, params, err); /* one statement */
+        rc = exec_v(s, PS_ORDERS_SCHEDULE, NULL, 1, params, err);
     }
     arr_free(&ids);
-    return rc;
+    return end(s, rc, err);
 }
 
 /* Reads one order (and its holds) in one statement, so both come from one snapshot. */
@@ -772,12 +773,12 @@ static lapse_status_t pg_events_mark_published(lapse_store_t *store, const int64
         arr_int(&list, seqs[i]);
     }
     const char *p[1] = {arr_end(&list)};
-    lapse_status_t rc = p[0] != NULL ? ensure_conn(s, err) : nomem(err, "events");
+    lapse_status_t rc = p[0] != NULL ? begin(s, err) : nomem(err, "events");
     if (rc == LAPSE_OK) {
         rc = exec_v(s, PS_EVENTS_PUBLISHED, NULL, 1, p, err);
     }
     arr_free(&list);
-    return rc;
+    return end(s, rc, err);
 }
 
 static lapse_status_t pg_events_count(lapse_store_t *store, int64_t *pending,
