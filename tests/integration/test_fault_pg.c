@@ -382,6 +382,99 @@ static void test_schema_created_once_by_racing_processes(void **state) {
     h_teardown(&h);
 }
 
+/* The test's database name: the path of its URI, postgresql://user@/NAME?... */
+static void db_name(const h_ctx_t *h, char *out, size_t cap) {
+    const char *slash = strstr(h->store, "@/");
+    assert_non_null(slash);
+    snprintf(out, cap, "%s", slash + 2);
+    out[strcspn(out, "?")] = '\0';
+}
+
+/* The pipeline through PgBouncer in transaction pooling mode with a pool of two server
+ * connections for three lapse sessions and more: no named prepared statement and no
+ * session state may leak from one transaction to the next. */
+static void test_through_pgbouncer_transaction_pooling(void **state) {
+    (void)state;
+    skip_unless_pg();
+    const char *host = getenv("LAPSE_TEST_PG_HOST");
+    const char *port = getenv("LAPSE_TEST_PG_PORT");
+    assert_non_null(host);
+    assert_non_null(port);
+    if (access("/usr/sbin/pgbouncer", X_OK) != 0) {
+        fprintf(stderr, "skipped: pgbouncer is not installed (scripts/setup)\n");
+        skip();
+    }
+    h_ctx_t h;
+    h_setup(&h, "pg-bouncer", "2s,3s", true);
+    char db[128], ini[4096];
+    db_name(&h, db, sizeof db);
+    int bouncer_port = atoi(port) + 100;
+    snprintf(ini, sizeof ini,
+             "[databases]\n* = host=%s port=%s\n"
+             "[pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = %d\n"
+             "unix_socket_dir =\nauth_type = trust\nauth_file = %s\n"
+             "pool_mode = transaction\ndefault_pool_size = 2\nmax_client_conn = 100\n"
+             "logfile = %s\npidfile = %s\n",
+             host, port, bouncer_port, h_path(&h, "users.txt"),
+             h_path(&h, "pgbouncer.log"), h_path(&h, "pgbouncer.pid"));
+    FILE *f = fopen(h_path(&h, "users.txt"), "w");
+    assert_non_null(f);
+    fputs("\"postgres\" \"\"\n", f);
+    fclose(f);
+    f = fopen(h_path(&h, "pgbouncer.ini"), "w");
+    assert_non_null(f);
+    fputs(ini, f);
+    fclose(f);
+    /* PgBouncer refuses to run as root; the cluster's own user runs it. */
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd,
+             "chmod 0777 '%s' && chmod 0666 '%s'/*; runuser -u postgres -- "
+             "/usr/sbin/pgbouncer -d '%s'",
+             h.dir, h.dir, h_path(&h, "pgbouncer.ini"));
+    assert_int_equal(system(cmd), 0);
+    char direct[sizeof h.store];
+    memcpy(direct, h.store, sizeof direct);
+    snprintf(h.store, sizeof h.store, "postgresql://postgres@127.0.0.1:%d/%s",
+             bouncer_port, db);
+    const int n = 300;
+    static const char *const timeouts[] = {"2s", "3s"};
+    write_orders(&h, "orders.jsonl", n, timeouts, 2);
+    static const char *const extra[] = {"--prefetch", "20", "--sweep-every", "1s", NULL};
+    const char *logs[] = {"consumer-0.log", "consumer-1.log", NULL};
+    pid_t consumers[2];
+    for (int c = 0; c < 2; c++) {
+        consumers[c] = h_spawn_consumer(&h, logs[c], extra);
+    }
+    assert_int_equal(
+        h_lapse(&h, NULL, 0, "publish", "--batch", h_path(&h, "orders.jsonl"), NULL), 0);
+    /* Payments through PgBouncer too. */
+    size_t paid = 0;
+    for (int i = 0; i < n; i += 4) {
+        char id[32];
+        snprintf(id, sizeof id, "ord-%d", i);
+        paid += h_lapse(&h, NULL, 0, "pay", id, NULL) == 0;
+    }
+    memcpy(h.store, direct, sizeof direct); /* the checks read the cluster directly */
+    int64_t unpaid = n - (int64_t)paid;
+    assert_int_equal(h_wait_sql(&h, unpaid, h_ms(60000),
+                                "SELECT count(*) FROM orders WHERE status='cancelled'"),
+                     unpaid);
+    h_wait_sql(&h, 0, h_ms(20000),
+               "SELECT count(*) FROM events WHERE published_at_ms IS NULL");
+    for (int c = 0; c < 2; c++) {
+        assert_int_equal(h_stop(consumers[c], SIGTERM, h_ms(15000)), 0);
+    }
+    snprintf(cmd, sizeof cmd, "kill $(cat '%s')", h_path(&h, "pgbouncer.pid"));
+    assert_int_equal(system(cmd), 0);
+    h_laws_t laws;
+    h_check_laws(&h, logs, NULL, &laws);
+    h_print_matrix("pg-bouncer", &laws, "pool_mode=transaction pool=2");
+    H_ASSERT_LAWS(laws);
+    assert_int_equal(paid, (size_t)n / 4);
+    assert_int_equal(laws.cancelled, unpaid);
+    h_teardown(&h);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_server_stopped_immediately_mid_flow),
@@ -390,6 +483,7 @@ int main(void) {
         cmocka_unit_test(test_three_sweeping_consumers_one_killed),
         cmocka_unit_test(test_wrong_host_clocks_cannot_cancel_early),
         cmocka_unit_test(test_schema_created_once_by_racing_processes),
+        cmocka_unit_test(test_through_pgbouncer_transaction_pooling),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
