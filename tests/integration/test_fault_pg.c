@@ -475,6 +475,30 @@ static void test_through_pgbouncer_transaction_pooling(void **state) {
     h_teardown(&h);
 }
 
+/* libpq's own environment: "postgresql://" alone, with PGHOST, PGPORT, PGUSER and
+ * PGDATABASE naming the test's database, reaches the same store. */
+static void test_pg_environment_variables(void **state) {
+    (void)state;
+    skip_unless_pg();
+    h_ctx_t h;
+    h_setup(&h, "pg-env", "30m", true);
+    assert_int_equal(h_lapse(&h, NULL, 0, "publish", "env-1", "--timeout", "1h", NULL),
+                     0);
+    char db[128], pghost[256], pgport[64], pgdb[160];
+    db_name(&h, db, sizeof db);
+    snprintf(pghost, sizeof pghost, "PGHOST=%s", getenv("LAPSE_TEST_PG_HOST"));
+    snprintf(pgport, sizeof pgport, "PGPORT=%s", getenv("LAPSE_TEST_PG_PORT"));
+    snprintf(pgdb, sizeof pgdb, "PGDATABASE=%s", db);
+    const char *env[] = {pghost, pgport, pgdb, "PGUSER=postgres", NULL};
+    const char *args[] = {"--store", "postgresql://", "pay", "env-1", NULL};
+    pid_t p = h_spawn_env(&h, "env.log", args, env);
+    assert_int_equal(h_stop(p, 0, h_ms(20000)), 0);
+    assert_int_equal(h_sql_int(&h, "SELECT count(*) FROM orders WHERE order_id = 'env-1'"
+                                   " AND status = 'paid'"),
+                     1);
+    h_teardown(&h);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_server_stopped_immediately_mid_flow),
@@ -484,6 +508,7 @@ int main(void) {
         cmocka_unit_test(test_wrong_host_clocks_cannot_cancel_early),
         cmocka_unit_test(test_schema_created_once_by_racing_processes),
         cmocka_unit_test(test_through_pgbouncer_transaction_pooling),
+        cmocka_unit_test(test_pg_environment_variables),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
