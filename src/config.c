@@ -138,6 +138,26 @@ static lapse_status_t set_store(lapse_config_t *cfg, const char *value,
     return LAPSE_OK;
 }
 
+/* A plain lower-case SQL identifier, so that it reads the same quoted or not. */
+static lapse_status_t set_store_schema(lapse_config_t *cfg, const char *value,
+                                       lapse_error_t *err) {
+    size_t n = strlen(value);
+    bool ok =
+        n > 0 && n < sizeof cfg->store_schema && !(value[0] >= '0' && value[0] <= '9');
+    for (size_t i = 0; ok && i < n; i++) {
+        char c = value[i];
+        ok = (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_';
+    }
+    if (!ok || strncmp(value, "pg_", 3) == 0) {
+        return lapse_error_set(err, LAPSE_ERR_CONFIG_STORE,
+                               "store schema must be 1..%zu bytes of [a-z0-9_], not "
+                               "starting with a digit or pg_",
+                               sizeof cfg->store_schema - 1);
+    }
+    memcpy(cfg->store_schema, value, n + 1);
+    return LAPSE_OK;
+}
+
 static lapse_status_t set_prefix(lapse_config_t *cfg, const char *value,
                                  lapse_error_t *err) {
     size_t n = strlen(value);
@@ -310,6 +330,8 @@ static const prop_t props[] = {
      NULL, set_amqp_url, NULL},
     {"store", "LAPSE_STORE", "sqlite:lapse.db", PROP_CUSTOM, FIELD(store), 0, 0, NULL,
      set_store, NULL},
+    {"store_schema", "LAPSE_STORE_SCHEMA", "lapse", PROP_CUSTOM, FIELD(store_schema), 0,
+     0, NULL, set_store_schema, NULL},
     {"prefix", "LAPSE_PREFIX", "lapse", PROP_CUSTOM, FIELD(prefix), 0, 0, NULL,
      set_prefix, NULL},
     {"classes", "LAPSE_CLASSES", "30m", PROP_CUSTOM, FIELD(classes_text), 0, 0, NULL,
@@ -329,6 +351,8 @@ static const prop_t props[] = {
      NULL, NULL},
     {"sweep_in_flight", "LAPSE_IN_FLIGHT", "30s", PROP_SPAN, FIELD(sweep_in_flight_ms), 0,
      0, NULL, NULL, NULL},
+    {"retention", "LAPSE_RETENTION", "30d", PROP_SPAN, FIELD(retention_ms), 0, 0, NULL,
+     NULL, NULL},
     {"events_queue", "LAPSE_EVENTS_QUEUE", "", PROP_CUSTOM, FIELD(events_queue), 0, 0,
      NULL, set_events_queue, NULL},
 };

@@ -25,6 +25,7 @@ struct lapse_config {
     char vhost[256];
 
     char store[1024];
+    char store_schema[64]; /* PostgreSQL: the schema of lapse's tables */
     char prefix[LAPSE__PREFIX_MAX + 1];
     lapse__class_t classes[LAPSE__MAX_CLASSES];
     size_t n_classes;
@@ -37,7 +38,8 @@ struct lapse_config {
     int64_t sweep_every_ms; /* the consumer's periodic sweep; 0: never */
     int64_t sweep_grace_ms; /* its grace after a deadline before cancelling directly */
     int64_t sweep_in_flight_ms; /* its sweep re-publishes only orders older than this */
-    char scratch[64];           /* lapse_config_get() formatting */
+    int64_t retention_ms; /* sweeps prune settled orders older than this; 0: never */
+    char scratch[64];     /* lapse_config_get() formatting */
 
     lapse_log_cb log_cb;
     void *log_opaque;

@@ -162,6 +162,15 @@ static lapse_status_t settle_items(lapse_consumer_t *c, size_t first, size_t n,
     lapse_error_t why = {0};
     lapse_status_t rc = cancel_items(c, items, n, now, stop, &why);
     if (rc == LAPSE_OK || n == 0) {
+        for (size_t k = 0; k < n; k++) {
+            if (items[k].outcome == LAPSE_CANCEL_BUSY) {
+                c->item_failed[first + k] = true;
+                delivery_t *d = &c->batch[c->item_of[first + k]];
+                snprintf(d->reason, sizeof d->reason,
+                         "%s: order %s is locked by another transaction",
+                         lapse_status_name(LAPSE_ERR_STORE_BUSY), items[k].order_id);
+            }
+        }
         return LAPSE_OK;
     }
     if (!is_store_failure(rc)) {
@@ -246,7 +255,7 @@ static lapse_status_t settle(lapse_consumer_t *c, int64_t now,
 
 /* Gather the facts of every delivery and have decision.c decide; log what needs no
  * forward. The consumer decides nothing itself. */
-static void decide(lapse_consumer_t *c, int64_t now, size_t n_items) {
+static void decide(lapse_consumer_t *c, size_t n_items) {
     for (size_t i = 0; i < c->n; i++) {
         delivery_t *d = &c->batch[i];
         if (!d->decoded) {
@@ -265,7 +274,7 @@ static void decide(lapse_consumer_t *c, int64_t now, size_t n_items) {
                             .settled = !c->item_failed[k],
                             .outcome = it->outcome,
                             .deadline_ms = it->deadline_ms,
-                            .now_ms = now,
+                            .now_ms = it->now_ms,
                             .attempts = d->attempts,
                             .max_attempts = c->cfg->max_attempts};
         lapse__decide(&f, &d->verdict);
@@ -278,7 +287,7 @@ static void decide(lapse_consumer_t *c, int64_t now, size_t n_items) {
                            "event=decision order_id=%s decision=cancelled lag_ms=%lld "
                            "redelivered=%d",
                            it->order_id,
-                           (long long)lapse__time_add(now, -it->deadline_ms),
+                           (long long)lapse__time_add(it->now_ms, -it->deadline_ms),
                            d->env.redelivered ? 1 : 0);
                 break;
             case LAPSE__ACT_NOOP:
@@ -314,7 +323,7 @@ static lapse_status_t process(lapse_consumer_t *c, const volatile sig_atomic_t *
     if (rc != LAPSE_OK) {
         return rc; /* nothing acked: the broker redelivers the batch */
     }
-    decide(c, now, n_items);
+    decide(c, n_items);
     bool forwards = false;
     for (size_t i = 0; i < c->n; i++) {
         lapse__action_t a = c->batch[i].verdict.action;

@@ -46,12 +46,19 @@ void lapse__consumer_sweep(lapse_consumer_t *c, bool broker_up) {
     lapse_sweep_opts_init(&opts);
     opts.grace_ms = c->cfg->sweep_grace_ms;
     opts.in_flight_ms = c->cfg->sweep_in_flight_ms;
+    opts.retention_ms = c->cfg->retention_ms;
     opts.max_orders = CONSUMER_SWEEP_CHUNK;
     opts.events = false;        /* the consumer publishes the outbox itself */
     opts.republish = broker_up; /* publishing needs the broker */
     const char *why = NULL;
-    opts.now_ms = lapse__consumer_sweep_now(c, broker_up, &why);
-    opts.cancel = opts.now_ms != LAPSE__NOTHING_DUE;
+    if (lapse_store_has_clock(c->store)) {
+        /* The store's clock decides (PostgreSQL's server): no broker bound needed. */
+        opts.now_ms = 0;
+        opts.cancel = true;
+    } else {
+        opts.now_ms = lapse__consumer_sweep_now(c, broker_up, &why);
+        opts.cancel = opts.now_ms != LAPSE__NOTHING_DUE;
+    }
     log_skipped(c, why);
     budget_t budget = {.stop = c->stop,
                        .until = lapse__time_add(mono, CONSUMER_SWEEP_BUDGET_MS)};

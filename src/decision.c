@@ -113,7 +113,9 @@ void lapse__decide(const lapse__facts_t *f, lapse__verdict_t *out) {
         verdict(out, LAPSE__ACT_PARK, LAPSE__WHY_UNDECODABLE, 0, f->attempts);
         return;
     }
-    if (!f->settled) {
+    /* A row locked by another transaction (LAPSE_CANCEL_BUSY) settled nothing either:
+     * only that order takes the retry path, not its batch. */
+    if (!f->settled || f->outcome == LAPSE_CANCEL_BUSY) {
         int attempt = f->attempts + 1;
         if (attempt >= f->max_attempts) {
             verdict(out, LAPSE__ACT_PARK, LAPSE__WHY_EXHAUSTED, 0, attempt);
@@ -137,6 +139,7 @@ void lapse__decide(const lapse__facts_t *f, lapse__verdict_t *out) {
             verdict(out, LAPSE__ACT_PARK, LAPSE__WHY_UNKNOWN, 0, f->attempts);
             return;
         case LAPSE_CANCEL_EARLY:
+        case LAPSE_CANCEL_BUSY: /* handled above */
             break;
     }
     /* Never act early: the remainder goes down the ladder, whose TTLs run on the broker,

@@ -223,6 +223,12 @@ static lapse_status_t record(lapse_publisher_t *pub, batch_t *b, lapse_error_t *
  * the first time, those the broker never confirmed after a reconnect. */
 static lapse_status_t publish(lapse_publisher_t *pub, batch_t *b, lapse_error_t *err) {
     b->first_tag = b->last_tag = 0;
+    /* What remains of each deadline is measured by the clock that decides (the store's
+     * own, when it has one); the host's stands in if the store cannot say just now. */
+    int64_t now = 0;
+    if (lapse_store_now(pub->store, &now, NULL) != LAPSE_OK) {
+        now = lapse_clock_now_ms();
+    }
     lapse_status_t rc = LAPSE_OK;
     for (size_t i = 0; i < b->n && rc == LAPSE_OK; i++) {
         entry_t *e = &b->e[i];
@@ -243,8 +249,7 @@ static lapse_status_t publish(lapse_publisher_t *pub, batch_t *b, lapse_error_t 
         b->last_tag = tag;
         e->tag = tag;
         e->pending = true;
-        rc = lapse__publish_route(&pub->broker, &pub->topo, e->cls, &msg,
-                                  lapse_clock_now_ms(), NULL, err);
+        rc = lapse__publish_route(&pub->broker, &pub->topo, e->cls, &msg, now, NULL, err);
         if (rc != LAPSE_OK) {
             e->tag = 0;
             e->pending = false;

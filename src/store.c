@@ -34,6 +34,8 @@ const char *lapse_cancel_outcome_name(lapse_cancel_outcome_t outcome) {
             return "early";
         case LAPSE_CANCEL_UNKNOWN:
             return "unknown";
+        case LAPSE_CANCEL_BUSY:
+            return "busy";
     }
     return "unknown";
 }
@@ -113,19 +115,60 @@ void lapse_order_clear(lapse_order_t *order) {
     lapse_order_init(order);
 }
 
+static lapse_status_t invalid(lapse_error_t *err, const char *what);
+
 static bool has_prefix(const char *s, const char *prefix) {
     return strncmp(s, prefix, strlen(prefix)) == 0;
 }
 
 lapse_store_t *lapse_store_open(const char *uri, lapse_status_t *rc, lapse_error_t *err) {
-    return lapse_store_open_flags(uri, 0, rc, err);
+    return lapse_store_open_opts(uri, NULL, rc, err);
 }
 
 lapse_store_t *lapse_store_open_flags(const char *uri, unsigned flags, lapse_status_t *rc,
                                       lapse_error_t *err) {
+    lapse_store_options_t opts;
+    lapse_store_options_init(&opts);
+    opts.flags = flags;
+    return lapse_store_open_opts(uri, &opts, rc, err);
+}
+
+void lapse_store_options_init(lapse_store_options_t *opts) {
+    if (opts != NULL) {
+        *opts = (lapse_store_options_t){.flags = 0, .schema = "lapse"};
+    }
+}
+
+/* Opening is retried while it fails as busy: a new SQLite file is switched to WAL by
+ * whoever opens it first (the others find it locked, briefly), and several consumers
+ * starting at once wait on each other's schema migration. */
+static lapse_store_t *open_retrying(const char *uri, const lapse_store_options_t *opts,
+                                    bool pg, lapse_status_t *rc, lapse_error_t *err) {
+    lapse_store_t *store = NULL;
+    for (unsigned attempt = 0; attempt < OPEN_ATTEMPTS; attempt++) {
+        store =
+            pg ? lapse__store_pg_open(uri, opts->schema, opts->flags, rc, err)
+               : lapse__store_sqlite_open(uri + strlen("sqlite:"), opts->flags, rc, err);
+        /* A PostgreSQL server that is down is not waited for here: the caller decides
+         * (the consumer retries with backoff, a CLI command reports it). */
+        if (store != NULL || *rc != LAPSE_ERR_STORE_BUSY || pg) {
+            break;
+        }
+        lapse__sleep_ms(lapse__backoff_ms(attempt, 20, 1000), NULL);
+    }
+    return store;
+}
+
+lapse_store_t *lapse_store_open_opts(const char *uri, const lapse_store_options_t *opts,
+                                     lapse_status_t *rc, lapse_error_t *err) {
     lapse_status_t ignored;
+    lapse_store_options_t defaults;
     if (rc == NULL) {
         rc = &ignored;
+    }
+    if (opts == NULL) {
+        lapse_store_options_init(&defaults);
+        opts = &defaults;
     }
     lapse_error_clear(err);
     if (uri == NULL) {
@@ -133,35 +176,44 @@ lapse_store_t *lapse_store_open_flags(const char *uri, unsigned flags, lapse_sta
         return NULL;
     }
     if (has_prefix(uri, "sqlite:")) {
-        const char *path = uri + strlen("sqlite:");
-        if (*path == '\0') {
+        if (uri[strlen("sqlite:")] == '\0') {
             *rc = lapse_error_set(err, LAPSE_ERR_CONFIG_STORE,
                                   "store URI \"sqlite:\" needs a path");
             return NULL;
         }
-        /* A new database file is switched to WAL by whoever opens it first; processes
-         * that open it at that moment find it locked, briefly. */
-        lapse_store_t *store = NULL;
-        for (unsigned attempt = 0; attempt < OPEN_ATTEMPTS; attempt++) {
-            store = lapse__store_sqlite_open(path, flags, rc, err);
-            if (store != NULL || *rc != LAPSE_ERR_STORE_BUSY) {
-                break;
-            }
-            lapse__sleep_ms(lapse__backoff_ms(attempt, 20, 1000), NULL);
-        }
-        return store;
+        return open_retrying(uri, opts, false, rc, err);
     }
     if (has_prefix(uri, "postgres://") || has_prefix(uri, "postgresql://")) {
-        *rc = lapse_error_set(err, LAPSE_ERR_CONFIG_STORE,
-                              "PostgreSQL store not built in yet");
-        return NULL;
+        if (opts->schema == NULL || opts->schema[0] == '\0') {
+            *rc = lapse_error_set(err, LAPSE_ERR_CONFIG_STORE, "empty store schema");
+            return NULL;
+        }
+        return open_retrying(uri, opts, true, rc, err);
     }
     /* The URI may carry a password, so only its scheme goes into the message. */
     size_t scheme = strcspn(uri, ":");
     *rc = lapse_error_set(err, LAPSE_ERR_CONFIG_STORE,
-                          "unsupported store URI scheme \"%.*s\" (want sqlite:PATH)",
+                          "unsupported store URI scheme \"%.*s\" (want sqlite:PATH or "
+                          "postgresql://...)",
                           (int)(scheme < 32 ? scheme : 32), uri);
     return NULL;
+}
+
+bool lapse_store_has_clock(const lapse_store_t *store) {
+    return store != NULL && store->cls->now != NULL;
+}
+
+lapse_status_t lapse_store_now(lapse_store_t *store, int64_t *now_ms,
+                               lapse_error_t *err) {
+    lapse_error_clear(err);
+    if (store == NULL || now_ms == NULL) {
+        return invalid(err, "now: NULL argument");
+    }
+    if (store->cls->now == NULL) {
+        *now_ms = lapse_clock_now_ms();
+        return LAPSE_OK;
+    }
+    return store->cls->now(store, now_ms, err);
 }
 
 void lapse_store_close(lapse_store_t *store) {
@@ -281,6 +333,24 @@ lapse_status_t lapse_store_count(lapse_store_t *store, int64_t counts[3],
         return invalid(err, "count: NULL argument");
     }
     return store->cls->count(store, counts, err);
+}
+
+lapse_status_t lapse_store_prune(lapse_store_t *store, int64_t before_ms, size_t limit,
+                                 int64_t *orders, int64_t *events, lapse_error_t *err) {
+    int64_t ignored[2];
+    lapse_error_clear(err);
+    if (store == NULL) {
+        return invalid(err, "prune: NULL argument");
+    }
+    *(orders != NULL ? orders : &ignored[0]) = 0;
+    *(events != NULL ? events : &ignored[1]) = 0;
+    if (limit == 0) {
+        return LAPSE_OK;
+    }
+    int64_t bound = limit > (size_t)INT64_MAX ? INT64_MAX : (int64_t)limit;
+    return store->cls->prune(store, before_ms, bound,
+                             orders != NULL ? orders : &ignored[0],
+                             events != NULL ? events : &ignored[1], err);
 }
 
 bool lapse__event_list_add(lapse__event_list_t *list, int64_t seq, const char *event_id,

@@ -59,6 +59,9 @@ lapse_cancel_outcome_t lapse__cancel_verdict(lapse_order_status_t status);
  */
 typedef struct lapse__store_class {
     const char *name; /* "sqlite", used in messages */
+    /* The store's own clock (lapse_store_has_clock); NULL: the host's wall clock, and
+     * pay and cancel_batch decide by the now_ms they are given. */
+    lapse_status_t (*now)(lapse_store_t *store, int64_t *now_ms, lapse_error_t *err);
     lapse_status_t (*insert_orders)(lapse_store_t *store, const lapse_new_order_t *orders,
                                     size_t n, lapse_status_t *results,
                                     lapse_error_t *err);
@@ -90,6 +93,10 @@ typedef struct lapse__store_class {
                                    const lapse_pending_filter_t *filter,
                                    int64_t after_deadline_ms, const char *after_id,
                                    lapse__order_page_t *page, lapse_error_t *err);
+    /* Deletes at most limit settled orders and limit published events older than
+     * before_ms (lapse_store_prune); counts written to *orders, *events. */
+    lapse_status_t (*prune)(lapse_store_t *store, int64_t before_ms, int64_t limit,
+                            int64_t *orders, int64_t *events, lapse_error_t *err);
     /* Releases everything, including the handle's memory. */
     void (*close)(lapse_store_t *store);
 } lapse__store_class_t;
@@ -108,5 +115,15 @@ struct lapse_store {
  */
 lapse_store_t *lapse__store_sqlite_open(const char *path, unsigned flags,
                                         lapse_status_t *rc, lapse_error_t *err);
+
+/**
+ * Open the PostgreSQL backend on a libpq connection URI, with lapse's tables in schema
+ * (created or migrated under an advisory lock; a newer one is refused). flags as
+ * lapse_store_open_flags().
+ * @return new handle, or NULL with *rc and err set (LAPSE_ERR_STORE_MISSING, _OPEN,
+ * _BUSY when the server is unreachable or shutting down, LAPSE_ERR_NOMEM).
+ */
+lapse_store_t *lapse__store_pg_open(const char *uri, const char *schema, unsigned flags,
+                                    lapse_status_t *rc, lapse_error_t *err);
 
 #endif

@@ -313,6 +313,7 @@ static lapse_status_t cancel_one(sqlite_store_t *s, lapse_cancel_item_t *item,
     item->outcome = LAPSE_CANCEL_UNKNOWN;
     item->deadline_ms = 0;
     item->event_seq = 0;
+    item->now_ms = now_ms;
     lapse_status_t rc =
         run(s, ST_ORDER_CANCEL, &changes, err, "it", now_ms, item->order_id);
     if (rc == LAPSE_OK) {
@@ -529,6 +530,35 @@ static lapse_status_t sq_pending_page(lapse_store_t *store,
     return end(s, rc, err);
 }
 
+static lapse_status_t sq_prune(lapse_store_t *store, int64_t before_ms, int64_t limit,
+                               int64_t *orders, int64_t *events, lapse_error_t *err) {
+    sqlite_store_t *s = as_sqlite(store);
+    int n_orders = 0, n_events = 0;
+    lapse_status_t rc = run(s, ST_BEGIN_WRITE, NULL, err, "");
+    if (rc != LAPSE_OK) {
+        return rc;
+    }
+    /* The ids first, so that holds and orders go by the same list. */
+    rc = run(s, ST_PRUNE_PICK, &n_orders, err, "ii", before_ms, limit);
+    if (rc == LAPSE_OK && n_orders > 0) {
+        rc = run(s, ST_PRUNE_HOLDS, NULL, err, "");
+        if (rc == LAPSE_OK) {
+            rc = run(s, ST_PRUNE_ORDERS, &n_orders, err, "");
+        }
+    }
+    if (rc == LAPSE_OK) {
+        rc = run(s, ST_PRUNE_CLEAR, NULL, err, "");
+    }
+    if (rc == LAPSE_OK) {
+        rc = run(s, ST_PRUNE_EVENTS, &n_events, err, "ii", before_ms, limit);
+    }
+    if ((rc = end(s, rc, err)) == LAPSE_OK) {
+        *orders = n_orders;
+        *events = n_events;
+    }
+    return rc;
+}
+
 static void sq_close(lapse_store_t *store) {
     sqlite_store_t *s = as_sqlite(store);
     for (int i = 0; i < ST_COUNT_; i++) {
@@ -540,6 +570,7 @@ static void sq_close(lapse_store_t *store) {
 
 static const lapse__store_class_t sqlite_class = {
     .name = "sqlite",
+    .now = NULL, /* one host: its wall clock decides */
     .insert_orders = sq_insert_orders,
     .mark_scheduled = sq_mark_scheduled,
     .pay = sq_pay,
@@ -550,6 +581,7 @@ static const lapse__store_class_t sqlite_class = {
     .events_mark_published = sq_events_mark_published,
     .events_count = sq_events_count,
     .pending_page = sq_pending_page,
+    .prune = sq_prune,
     .close = sq_close,
 };
 
@@ -704,6 +736,15 @@ lapse_store_t *lapse__store_sqlite_open(const char *path, unsigned open_flags,
         goto fail;
     }
     if ((*rc = apply_schema(s, err)) != LAPSE_OK) {
+        goto fail;
+    }
+    /* The scratch list of sq_prune, private to this connection. */
+    src = sqlite3_exec(s->db,
+                       "CREATE TEMP TABLE IF NOT EXISTS prune_ids"
+                       " (order_id TEXT NOT NULL PRIMARY KEY)",
+                       NULL, NULL, NULL);
+    if (src != SQLITE_OK) {
+        *rc = open_fail(s, src, "prune list", err);
         goto fail;
     }
     for (int i = 0; i < ST_COUNT_; i++) {

@@ -7,13 +7,14 @@
 
 #include <lapse/message.h>
 
-#define SCHEMA_VERSION 2 /* PRAGMA user_version; SCHEMA_SQL sets it */
+#define SCHEMA_VERSION 3 /* PRAGMA user_version; SCHEMA_SQL sets it */
 
 /* Applied in one write transaction when user_version is behind, to a new file or to one
  * of an older version alike: every statement is IF NOT EXISTS, which also makes a race
  * between two processes creating the same file harmless. Version 2 added the two partial
  * indexes that walk pending orders by deadline (lapse pending, the sweeper) without
- * reading paid and cancelled ones. */
+ * reading paid and cancelled ones. Version 3 added the two that find what
+ * lapse_store_prune() deletes: settled orders by deadline, published events by time. */
 static const char SCHEMA_SQL[] =
     "CREATE TABLE IF NOT EXISTS orders ("
     " order_id TEXT NOT NULL PRIMARY KEY,"
@@ -42,7 +43,11 @@ static const char SCHEMA_SQL[] =
     " published_at_ms INTEGER);"
     "CREATE INDEX IF NOT EXISTS events_unpublished ON events (seq)"
     " WHERE published_at_ms IS NULL;"
-    "PRAGMA user_version = 2;";
+    "CREATE INDEX IF NOT EXISTS orders_settled_deadline ON orders (deadline_ms)"
+    " WHERE status <> 'pending';"
+    "CREATE INDEX IF NOT EXISTS events_published ON events (published_at_ms)"
+    " WHERE published_at_ms IS NOT NULL;"
+    "PRAGMA user_version = 3;";
 
 /* Every statement the backend runs; prepared at open, reset after each use. The page
  * walks name their partial index: without ANALYZE statistics the planner prefers
@@ -89,7 +94,20 @@ static const char SCHEMA_SQL[] =
                     " WHERE seq = ?1 AND published_at_ms IS NULL")                       \
     X(EVENT_PUBLISHED, "UPDATE events SET published_at_ms = ?1"                          \
                        " WHERE seq = ?2 AND published_at_ms IS NULL")                    \
-    X(EVENTS_COUNT, "SELECT count(*) FROM events WHERE published_at_ms IS NULL")
+    X(EVENTS_COUNT, "SELECT count(*) FROM events WHERE published_at_ms IS NULL")         \
+    X(PRUNE_PICK, "INSERT INTO temp.prune_ids SELECT order_id FROM orders"               \
+                  " INDEXED BY orders_settled_deadline WHERE status <> 'pending'"        \
+                  " AND deadline_ms < ?1"                                                \
+                  " AND coalesce(paid_at_ms, cancelled_at_ms) < ?1"                      \
+                  " AND NOT EXISTS (SELECT 1 FROM events e WHERE e.event_id ="           \
+                  " 'order.cancelled:' || orders.order_id"                               \
+                  " AND e.published_at_ms IS NULL) LIMIT ?2")                            \
+    X(PRUNE_HOLDS, "DELETE FROM holds WHERE order_id IN temp.prune_ids")                 \
+    X(PRUNE_ORDERS, "DELETE FROM orders WHERE order_id IN temp.prune_ids")               \
+    X(PRUNE_CLEAR, "DELETE FROM temp.prune_ids")                                         \
+    X(PRUNE_EVENTS, "DELETE FROM events WHERE seq IN (SELECT seq FROM events"            \
+                    " INDEXED BY events_published WHERE published_at_ms < ?1"            \
+                    " LIMIT ?2)")
 
 typedef enum stmt_id {
 #define STMT_ENUM_(name, sql) ST_##name,

@@ -18,6 +18,9 @@
 #define STORE_ATTEMPTS 8
 #define CONNECT_TRIES  3
 #define PROGRESS_EVERY 200 /* orders between progress calls */
+/* How long a sweep's claim on the unscheduled orders it re-publishes lasts (a store
+ * shared by many hosts): a competing sweep skips them meanwhile. */
+#define REPUBLISH_CLAIM_MS 60000
 
 typedef struct sweep sweep_t;
 typedef int (*visit_fn)(sweep_t *s, const lapse_order_t *order);
@@ -161,7 +164,8 @@ static lapse_status_t flush_cancels(sweep_t *s) {
         /* Taken per attempt: the compare-and-set checks deadline <= now, and every
          * order here was due a grace period before the walk began. A caller's decision
          * clock (opts.now_ms, the consumer's broker-clock bound) is used as given: it is
-         * the time the caller vouches for, and it is never later than the truth. */
+         * the time the caller vouches for, and it is never later than the truth. A store
+         * with its own clock decides by that one instead (lapse_store_has_clock). */
         now = s->opts->now_ms != 0 ? s->opts->now_ms : lapse_clock_now_ms();
         rc = lapse_store_cancel_batch(s->store, s->items, n, now, &err);
         if (rc != LAPSE_ERR_STORE_BUSY || progress(s)) {
@@ -188,7 +192,7 @@ static lapse_status_t flush_cancels(sweep_t *s) {
                    "event=sweep_cancel order_id=%s deadline_ms=%lld lag_ms=%lld "
                    "reason=message_lost",
                    item->order_id, (long long)item->deadline_ms,
-                   (long long)(now - item->deadline_ms));
+                   (long long)(item->now_ms - item->deadline_ms));
     }
     return LAPSE_OK;
 }
@@ -203,6 +207,46 @@ static int visit_cancel(sweep_t *s, const lapse_order_t *order) {
         return flush_cancels(s) != LAPSE_OK;
     }
     return 0;
+}
+
+/* ---- pruning ---------------------------------------------------------------------- */
+
+#define PRUNE_BATCH 1000 /* rows of each kind per prune transaction */
+
+static void prune(sweep_t *s, int64_t now) {
+    s->part = "prune";
+    s->part_failed = false;
+    int64_t before = lapse__time_add(now, -s->opts->retention_ms);
+    size_t max = s->opts->max_orders;
+    for (unsigned attempt = 0; !s->stopped;) {
+        size_t done = (size_t)(s->report->pruned_orders > s->report->pruned_events
+                                   ? s->report->pruned_orders
+                                   : s->report->pruned_events);
+        size_t limit = max > 0 && max - done < PRUNE_BATCH ? max - done : PRUNE_BATCH;
+        if (max > 0 && done >= max) {
+            s->report->more = true;
+            return;
+        }
+        int64_t orders = 0, events = 0;
+        lapse_error_t err = {0};
+        lapse_status_t rc =
+            lapse_store_prune(s->store, before, limit, &orders, &events, &err);
+        if (rc == LAPSE_ERR_STORE_BUSY && ++attempt < STORE_ATTEMPTS && !progress(s)) {
+            lapse__sleep_ms(lapse__backoff_ms(attempt, 50, 2000), NULL);
+            continue;
+        }
+        if (rc != LAPSE_OK) {
+            part_fail(s, rc, err.text);
+            return;
+        }
+        attempt = 0;
+        s->report->pruned_orders += (uint64_t)orders;
+        s->report->pruned_events += (uint64_t)events;
+        if ((size_t)orders < limit && (size_t)events < limit) {
+            return;
+        }
+        progress(s);
+    }
 }
 
 static void cancel_lost(sweep_t *s) {
@@ -414,9 +458,12 @@ static lapse_status_t start(sweep_t **out, const char *event, const lapse_config
     /* Bounded so that now - grace cannot overflow: a grace of a century is plenty. */
     const int64_t century = INT64_C(100) * 366 * 86400 * 1000;
     if (opts->grace_ms < 0 || opts->grace_ms > century || opts->in_flight_ms < 0 ||
-        opts->in_flight_ms > century) {
-        return lapse_error_set(err, LAPSE_ERR_INVALID,
-                               "sweep: grace and in-flight margin must be 0..100 years");
+        opts->in_flight_ms > century || opts->retention_ms < 0 ||
+        opts->retention_ms > century) {
+        return lapse_error_set(
+            err, LAPSE_ERR_INVALID,
+            "sweep: grace, in-flight margin and retention must be 0..100 "
+            "years");
     }
     sweep_t *s = calloc(1, sizeof(*s));
     if (s == NULL) {
@@ -436,16 +483,18 @@ static lapse_status_t finish(sweep_t *s, lapse_error_t *err) {
     /* One summary line, only when something happened: a periodic caller's idle runs
      * stay quiet. */
     if (r->republished + r->cancelled + r->would_republish + r->would_cancel +
-            r->skipped + r->failed >
+            r->skipped + r->failed + r->pruned_orders + r->pruned_events >
         0) {
-        lapse__log(s->cfg, r->failed > 0 ? LAPSE_LOG_WARN : LAPSE_LOG_INFO,
-                   "event=%s republished=%llu cancelled=%llu would_republish=%llu "
-                   "would_cancel=%llu skipped=%llu failed=%llu dry_run=%d",
-                   s->event, (unsigned long long)r->republished,
-                   (unsigned long long)r->cancelled,
-                   (unsigned long long)r->would_republish,
-                   (unsigned long long)r->would_cancel, (unsigned long long)r->skipped,
-                   (unsigned long long)r->failed, s->opts->dry_run ? 1 : 0);
+        lapse__log(
+            s->cfg, r->failed > 0 ? LAPSE_LOG_WARN : LAPSE_LOG_INFO,
+            "event=%s republished=%llu cancelled=%llu would_republish=%llu "
+            "would_cancel=%llu skipped=%llu failed=%llu dry_run=%d "
+            "pruned_orders=%llu pruned_events=%llu",
+            s->event, (unsigned long long)r->republished,
+            (unsigned long long)r->cancelled, (unsigned long long)r->would_republish,
+            (unsigned long long)r->would_cancel, (unsigned long long)r->skipped,
+            (unsigned long long)r->failed, s->opts->dry_run ? 1 : 0,
+            (unsigned long long)r->pruned_orders, (unsigned long long)r->pruned_events);
     }
     lapse_status_t rc = s->rc;
     if (rc != LAPSE_OK && err != NULL) {
@@ -465,10 +514,18 @@ lapse_status_t lapse_sweep_run(const lapse_config_t *cfg, lapse_store_t *store,
         return rc;
     }
     opts = s->opts;
-    int64_t now = lapse_clock_now_ms();
-    /* deadline + grace <= now, i.e. deadline < now - grace + 1: lost. The direct cancels
-     * use the caller's decision clock when it gives one. */
-    int64_t cancel_now = opts->now_ms != 0 ? opts->now_ms : now;
+    /* The clock that decides: the store's own (PostgreSQL's server), else this host's. */
+    int64_t now = 0;
+    lapse_error_t cerr = {0};
+    if (lapse_store_now(store, &now, &cerr) != LAPSE_OK) {
+        lapse_error_set(&s->err, cerr.code, "%s", cerr.text);
+        s->rc = cerr.code;
+        return finish(s, err);
+    }
+    /* deadline + grace <= now, i.e. deadline < now - grace + 1: lost. Without a store
+     * clock the direct cancels use the caller's decision clock when it gives one. */
+    int64_t cancel_now =
+        opts->now_ms != 0 && !lapse_store_has_clock(store) ? opts->now_ms : now;
     s->cancel_due_before = lapse__time_add(cancel_now, 1 - opts->grace_ms);
     /* The store-only part first: it needs no broker, and what it cancels need not be
      * published again. */
@@ -481,10 +538,14 @@ lapse_status_t lapse_sweep_run(const lapse_config_t *cfg, lapse_store_t *store,
         lapse_pending_filter_init(&filter);
         filter.only_unscheduled = true;
         filter.created_before_ms = lapse__time_add(now, -opts->in_flight_ms);
+        filter.claim_ms = opts->dry_run ? 0 : REPUBLISH_CLAIM_MS;
         republish(s, &filter);
     }
     if (opts->events && !opts->dry_run && !s->stopped) {
         publish_events(s);
+    }
+    if (opts->retention_ms > 0 && !opts->dry_run && !s->stopped) {
+        prune(s, now);
     }
     return finish(s, err);
 }

@@ -27,7 +27,9 @@ LAPSE_API void lapse_config_free(lapse_config_t *cfg);
  * Set a property; value is borrowed (copied). Properties (environment variable, default):
  *   amqp_url     amqp://user:pass@host:port/vhost   (LAPSE_AMQP_URL,
  *                                    amqp://guest:guest@localhost:5672/%2f)
- *   store        sqlite:PATH                        (LAPSE_STORE, sqlite:lapse.db)
+ *   store        sqlite:PATH or postgresql://...    (LAPSE_STORE, sqlite:lapse.db)
+ *   store_schema [a-z_][a-z0-9_]{0,62}: PostgreSQL schema of lapse's tables
+ *                                                   (LAPSE_STORE_SCHEMA, lapse)
  *   prefix       [A-Za-z0-9_-]{1,48}                (LAPSE_PREFIX, lapse)
  *   classes      comma-separated durations          (LAPSE_CLASSES, 30m)
  *   queue_type   classic | quorum                   (LAPSE_QUEUE_TYPE, classic)
@@ -40,6 +42,8 @@ LAPSE_API void lapse_config_free(lapse_config_t *cfg);
  *                0 never)                           (LAPSE_SWEEP_EVERY, 60s)
  *   sweep_grace  duration or 0: how long after its deadline a pending order is
  *                cancelled directly by a sweep      (LAPSE_GRACE, 60s)
+ *   retention    duration or 0: sweeps delete settled orders and published events older
+ *                than this; 0 keeps everything     (LAPSE_RETENTION, 30d)
  *   sweep_in_flight duration or 0: a sweep publishes again only orders recorded longer
  *                ago than this                      (LAPSE_IN_FLIGHT, 30s)
  *   events_queue queue name, up to 95 bytes of [A-Za-z0-9._:-], not amq.*, or "": a

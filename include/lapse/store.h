@@ -53,10 +53,13 @@ typedef enum lapse_cancel_outcome {
     LAPSE_CANCEL_NOOP_PAID,      /* already paid: nothing changed */
     LAPSE_CANCEL_NOOP_CANCELLED, /* already cancelled: nothing changed */
     LAPSE_CANCEL_EARLY,          /* pending but its deadline is ahead: nothing changed */
-    LAPSE_CANCEL_UNKNOWN         /* no such order */
+    LAPSE_CANCEL_UNKNOWN,        /* no such order */
+    LAPSE_CANCEL_BUSY            /* its row is locked by another transaction (PostgreSQL:
+                                    a competing consumer, the shop's own code): nothing
+                                    changed, try it again later */
 } lapse_cancel_outcome_t;
 
-/** "cancelled", "noop_paid", "noop_cancelled", "early", "unknown"; static. */
+/** "cancelled", "noop_paid", "noop_cancelled", "early", "unknown", "busy"; static. */
 LAPSE_API const char *lapse_cancel_outcome_name(lapse_cancel_outcome_t outcome);
 
 /** One cancellation in a batch. order_id is borrowed; the rest is written by the store.
@@ -66,6 +69,8 @@ typedef struct lapse_cancel_item {
     lapse_cancel_outcome_t outcome; /* out */
     int64_t deadline_ms;            /* out: the stored deadline (0 when unknown) */
     int64_t event_seq;              /* out: outbox row of the event (DONE only), else 0 */
+    int64_t now_ms;                 /* out: the clock the decision was made by (the
+                                       caller's now_ms, or the store's own clock) */
 } lapse_cancel_item_t;
 
 /** An outbox event handed to a callback; strings borrowed for the callback's duration. */
@@ -78,6 +83,9 @@ typedef struct lapse_event {
 
 typedef int (*lapse_event_cb)(void *opaque, const lapse_event_t *event);
 
+/** How long an outbox walk's claim on the events it hands out lasts (PostgreSQL). */
+#define LAPSE_STORE_EVENT_CLAIM_MS 10000
+
 /** Flags of lapse_store_open_flags(); or-ed together. */
 typedef enum lapse_store_open_flag {
     /* Fail with LAPSE_ERR_STORE_MISSING instead of creating a store that does not exist
@@ -85,14 +93,36 @@ typedef enum lapse_store_open_flag {
     LAPSE_STORE_MUST_EXIST = 1u << 0
 } lapse_store_open_flag_t;
 
+/** How to open a store; fill with lapse_store_options_init() first. Borrowed. */
+typedef struct lapse_store_options {
+    unsigned flags;     /* lapse_store_open_flag_t, or-ed */
+    const char *schema; /* PostgreSQL: the schema of lapse's tables (default "lapse");
+                           ignored by SQLite */
+} lapse_store_options_t;
+
+/** The defaults: no flags, schema "lapse". */
+LAPSE_API void lapse_store_options_init(lapse_store_options_t *opts);
+
 /**
- * Open a store: "sqlite:PATH" (WAL mode, schema applied). A missing store is created
- * (a new SQLite file with mode 0600, and its -wal and -shm files with it) unless flags
- * has LAPSE_STORE_MUST_EXIST.
+ * Open a store by URI:
+ * - "sqlite:PATH": a SQLite file in WAL mode, schema applied; a missing file is created
+ *   with mode 0600 (and its -wal and -shm files with it) unless LAPSE_STORE_MUST_EXIST.
+ * - "postgresql://..." or "postgres://...": a libpq connection URI (PG* variables,
+ *   .pgpass and sslmode apply as in libpq). lapse's tables live in opts->schema, created
+ *   and migrated on open under a transaction-level advisory lock; a schema newer than
+ *   this lapse is refused. With LAPSE_STORE_MUST_EXIST a database without the schema is
+ *   LAPSE_ERR_STORE_MISSING.
+ * @param opts NULL: the defaults.
  * @return new handle, closed with lapse_store_close(); NULL on failure with *rc and err
- * set: LAPSE_ERR_STORE_MISSING (MUST_EXIST and there is none), LAPSE_ERR_STORE_OPEN,
- * LAPSE_ERR_STORE_BUSY, LAPSE_ERR_CONFIG_STORE (a URI this build cannot open).
+ * set: LAPSE_ERR_STORE_MISSING, LAPSE_ERR_STORE_OPEN, LAPSE_ERR_STORE_BUSY (retriable:
+ * a locked file, a server that is down or refuses connections), LAPSE_ERR_CONFIG_STORE
+ * (a URI this build cannot open).
  */
+LAPSE_API lapse_store_t *lapse_store_open_opts(const char *uri,
+                                               const lapse_store_options_t *opts,
+                                               lapse_status_t *rc, lapse_error_t *err);
+
+/** lapse_store_open_opts() with these flags and the default schema. */
 LAPSE_API lapse_store_t *lapse_store_open_flags(const char *uri, unsigned flags,
                                                 lapse_status_t *rc, lapse_error_t *err);
 
@@ -101,6 +131,23 @@ LAPSE_API lapse_store_t *lapse_store_open(const char *uri, lapse_status_t *rc,
                                           lapse_error_t *err);
 /** Close and free; accepts NULL. */
 LAPSE_API void lapse_store_close(lapse_store_t *store);
+
+/**
+ * Whether the store has a clock of its own that decides (PostgreSQL: the database
+ * server's). Then lapse_store_pay() and lapse_store_cancel_batch() compare deadlines with
+ * that clock and ignore the caller's now_ms (except a now_ms of 0 in a cancel, which
+ * always means "nothing is due"). SQLite has none: the caller's clock decides.
+ */
+LAPSE_API bool lapse_store_has_clock(const lapse_store_t *store);
+
+/**
+ * The clock that decides, in ms since the epoch: the store's own (PostgreSQL: the
+ * server's, tracked on this host's monotonic clock between reads at most a second
+ * apart) or this host's wall clock. Deadlines computed from a timeout start here.
+ * @return LAPSE_OK, or a store error (LAPSE_ERR_STORE_BUSY is retriable).
+ */
+LAPSE_API lapse_status_t lapse_store_now(lapse_store_t *store, int64_t *now_ms,
+                                         lapse_error_t *err);
 
 /**
  * Record orders as pending and unscheduled, with their holds, in one transaction.
@@ -120,7 +167,8 @@ LAPSE_API lapse_status_t lapse_store_mark_scheduled(lapse_store_t *store,
                                                     size_t n, lapse_error_t *err);
 
 /**
- * Pay an order: pending and now_ms < deadline -> paid.
+ * Pay an order: pending and now < deadline -> paid, where now is the store's clock when
+ * it has one (lapse_store_has_clock), else now_ms.
  * @return LAPSE_OK (also when already paid), LAPSE_ERR_STORE_NOT_FOUND,
  *         LAPSE_ERR_STORE_STATE (cancelled), LAPSE_ERR_STORE_LAPSED (past deadline).
  */
@@ -128,8 +176,12 @@ LAPSE_API lapse_status_t lapse_store_pay(lapse_store_t *store, const char *order
                                          int64_t now_ms, lapse_error_t *err);
 
 /**
- * In ONE transaction, for each item: cancel it if pending and deadline <= now_ms
- * (compare-and-set), release its holds and record an order.cancelled outbox event.
+ * In ONE transaction, for each item: cancel it if pending and deadline <= now
+ * (compare-and-set), release its holds and record an order.cancelled outbox event. now
+ * is the store's clock when it has one (lapse_store_has_clock), else now_ms; a now_ms of
+ * 0 makes nothing due on every store. Each item's now_ms receives the clock used. A row
+ * another transaction holds locked is not waited for (PostgreSQL): that item alone is
+ * LAPSE_CANCEL_BUSY.
  * @return LAPSE_OK when committed (outcomes filled); on failure nothing was written.
  */
 LAPSE_API lapse_status_t lapse_store_cancel_batch(lapse_store_t *store,
@@ -149,7 +201,10 @@ LAPSE_API lapse_status_t lapse_store_count(lapse_store_t *store, int64_t counts[
 
 /**
  * Call cb for unpublished outbox events, oldest first, at most limit of them; when
- * only_seqs is not NULL, only those with a seq in only_seqs[0..n_seqs). A non-zero
+ * only_seqs is not NULL, only those with a seq in only_seqs[0..n_seqs). Without only_seqs
+ * a store shared by many hosts (PostgreSQL) claims what it hands out for a few seconds
+ * (LAPSE_STORE_EVENT_CLAIM_MS), so competing relays do not publish the same event twice;
+ * an event that was not marked published comes back after that. A non-zero
  * return from cb stops the walk. limit 0, or only_seqs with n_seqs 0, matches nothing.
  * The events are read before the first call to cb, so cb may use this same handle.
  */
@@ -174,6 +229,11 @@ typedef struct lapse_pending_filter {
      * saw. */
     int64_t after_deadline_ms;
     const char *after_order_id;
+    /* With only_unscheduled: claim what is returned for this long (PostgreSQL), so that
+     * a competing walk with a claim skips those orders until then (two sweeps on two
+     * machines never re-publish the same order). 0 (default): no claim. SQLite, one
+     * host, ignores it. */
+    int64_t claim_ms;
 } lapse_pending_filter_t;
 
 /** Set the defaults: every pending order, no holds, no limit, from the start. */
@@ -208,6 +268,20 @@ LAPSE_API lapse_status_t lapse_store_pending(lapse_store_t *store,
  */
 LAPSE_API lapse_status_t lapse_store_events_count(lapse_store_t *store, int64_t *pending,
                                                   lapse_error_t *err);
+
+/**
+ * Keep the tables from growing without bound: in one short transaction, delete at most
+ * limit settled orders (paid or cancelled) whose deadline and settlement both lie before
+ * before_ms and whose event, if any, is published, with their holds; and at most limit
+ * outbox events published before before_ms. Pending orders and unpublished events are never touched. An expiry message
+ * that arrives for a pruned order finds no order and is parked as unknown, so before_ms
+ * should lie well behind anything still in flight (the consumer uses now - retention).
+ * @param orders, events receive how many rows went (both may be NULL).
+ * @return LAPSE_OK or a store error (LAPSE_ERR_STORE_BUSY is retriable).
+ */
+LAPSE_API lapse_status_t lapse_store_prune(lapse_store_t *store, int64_t before_ms,
+                                           size_t limit, int64_t *orders, int64_t *events,
+                                           lapse_error_t *err);
 
 /** Mark outbox events as published (confirmed by the broker), in one transaction. */
 LAPSE_API lapse_status_t lapse_store_events_mark_published(lapse_store_t *store,

@@ -20,6 +20,8 @@ typedef struct lapse_sweep_report {
     uint64_t events_published; /* outbox events published at the end (opts.events) */
     int64_t events_waiting;    /* outbox events still unpublished after that; -1 when
                                   not counted (no events part, or the store failed) */
+    uint64_t pruned_orders;    /* settled orders deleted (opts.retention_ms) */
+    uint64_t pruned_events;    /* published outbox events deleted (opts.retention_ms) */
 } lapse_sweep_report_t;
 
 /** Called after every batch with the counts so far (borrowed for the call); a non-zero
@@ -44,7 +46,12 @@ typedef struct lapse_sweep_opts {
                              publishes the outbox itself, turns it off */
     int64_t now_ms;       /* the time direct cancels are decided by, ms since the epoch;
                              0 (default): this host's wall clock. A consumer passes its
-                             broker-clock bound (docs/design.md, "The clock rule") */
+                             broker-clock bound (docs/design.md, "The clock rule").
+                             Ignored by a store with its own clock
+                             (lapse_store_has_clock), which decides by that */
+    int64_t retention_ms; /* > 0: also delete settled orders and published events older
+                             than this (lapse_store_prune), in batches; 0 (default):
+                             keep everything */
     lapse_sweep_progress_cb progress; /* optional (NULL); also asked between busy-store
                                          retries, so a caller's stop or time budget is
                                          seen within one store wait */
@@ -66,7 +73,9 @@ LAPSE_API void lapse_sweep_opts_init(lapse_sweep_opts_t *opts);
  * retried with backoff. Last, with opts->events, the outbox is published (the events
  * relay: mandatory, confirmed, marked; stopped by progress like the rest) when there is
  * anything in it; a broker out of reach or no queue bound to the events exchange is one
- * warning line and leaves them in the outbox, without failing the run.
+ * warning line and leaves them in the outbox, without failing the run. With
+ * retention_ms, settled orders and published events older than that are pruned last
+ * (at most max_orders of each per run when that is set).
  *
  * @param cfg    borrowed (broker, prefix, classes, log sink).
  * @param store  borrowed; an already-open handle, used on the calling thread only.

@@ -164,8 +164,12 @@ volatile sig_atomic_t *cli_install_stop_handlers(void) {
 lapse_store_t *cli_open_store(cli_t *cli, unsigned flags, int *exit_code) {
     lapse_status_t rc;
     lapse_error_t err = {0};
+    lapse_store_options_t opts;
+    lapse_store_options_init(&opts);
+    opts.flags = flags;
+    opts.schema = lapse_config_get(cli->cfg, "store_schema");
     lapse_store_t *store =
-        lapse_store_open_flags(lapse_config_get(cli->cfg, "store"), flags, &rc, &err);
+        lapse_store_open_opts(lapse_config_get(cli->cfg, "store"), &opts, &rc, &err);
     if (!store) {
         *exit_code = cli_fail(rc, &err, "open store");
     }

@@ -4,6 +4,39 @@
 
 #include <lapse/consumer.h>
 
+#include "backoff_int.h"
+#include "config_int.h"
+
+/* The store, waited for while it is out of reach (a database server that is down or
+ * restarting): a service that exits then would only be restarted into the same
+ * failure. Anything else (a wrong URI or password, a newer schema) fails at once. */
+static lapse_store_t *open_store_waiting(cli_t *cli, const volatile sig_atomic_t *stop,
+                                         int *code) {
+    for (unsigned attempt = 0;; attempt++) {
+        lapse_store_options_t opts;
+        lapse_store_options_init(&opts);
+        opts.schema = lapse_config_get(cli->cfg, "store_schema");
+        lapse_status_t rc;
+        lapse_error_t err = {0};
+        lapse_store_t *store =
+            lapse_store_open_opts(lapse_config_get(cli->cfg, "store"), &opts, &rc, &err);
+        if (store != NULL || rc != LAPSE_ERR_STORE_BUSY || *stop) {
+            if (store == NULL) {
+                *code = cli_fail(rc, &err, "open store");
+            }
+            return store;
+        }
+        int64_t wait = lapse__backoff_ms(attempt, 1000, 30000);
+        lapse__log(cli->cfg, LAPSE_LOG_WARN,
+                   "event=store_unavailable attempt=%u retry_in_ms=%lld reason=\"%s\"",
+                   attempt + 1, (long long)wait, err.text);
+        if (!lapse__sleep_ms(wait, stop)) {
+            *code = CLI_EXIT_OK; /* SIGTERM while waiting: a clean stop */
+            return NULL;
+        }
+    }
+}
+
 int cmd_consume(cli_t *cli, int argc, char **argv) {
     /* Its options are settings (--prefetch, --max-attempts, --sweep-every, --grace,
      * --in-flight), already in cli->cfg. */
@@ -12,7 +45,7 @@ int cmd_consume(cli_t *cli, int argc, char **argv) {
     }
     volatile sig_atomic_t *stop = cli_install_stop_handlers();
     int code = CLI_EXIT_OK;
-    lapse_store_t *store = cli_open_store(cli, 0, &code);
+    lapse_store_t *store = open_store_waiting(cli, stop, &code);
     if (!store) {
         return code;
     }

@@ -74,6 +74,14 @@ static lapse_publisher_t *open_publisher(cli_t *cli, lapse_store_t *store,
     return NULL;
 }
 
+/* The clock a deadline from a timeout starts at: the store's own when it has one
+ * (PostgreSQL's server, DESIGN.md "One clock decides"), else this host's. */
+static int64_t deciding_now(lapse_store_t *store) {
+    int64_t now = lapse_clock_now_ms();
+    (void)lapse_store_now(store, &now, NULL); /* unchanged when it fails */
+    return now;
+}
+
 /* timeout_ms > 0: deadline now + timeout; else deadline_ms as given. */
 static int publish_one(cli_t *cli, const char *order_id, int64_t timeout_ms,
                        int64_t deadline_ms, const char **holds, size_t n_holds) {
@@ -85,7 +93,7 @@ static int publish_one(cli_t *cli, const char *order_id, int64_t timeout_ms,
     outcome_t o = {0};
     lapse_publisher_t *pub = open_publisher(cli, store, on_single, &o, &code);
     if (pub) {
-        int64_t now = lapse_clock_now_ms();
+        int64_t now = deciding_now(store);
         lapse_new_order_t order = {.order_id = order_id,
                                    .deadline_ms = timeout_ms > 0
                                                       ? lapse__time_add(now, timeout_ms)
@@ -173,7 +181,7 @@ static int publish_batch(cli_t *cli, const char *path) {
         }
         lapse_batch_line_t bl;
         lapse_error_t lerr = {0};
-        int64_t now = lapse_clock_now_ms();
+        int64_t now = deciding_now(store);
         if (lapse_batch_line_parse(line, (size_t)len, now, &bl, &lerr) != LAPSE_OK) {
             cli_say("publish", "line %llu: %s", (unsigned long long)lineno, lerr.text);
             bad++;

@@ -20,6 +20,7 @@ int cmd_sweep(cli_t *cli, int argc, char **argv) {
     /* --grace and --in-flight are the settings the consumer's own sweep uses. */
     so.grace_ms = cli_setting_ms(cli, "sweep_grace");
     so.in_flight_ms = cli_setting_ms(cli, "sweep_in_flight");
+    so.retention_ms = cli_setting_ms(cli, "retention");
     if (argc != 0) {
         return cli_usage_error("sweep", "unexpected argument '%s'", argv[0]);
     }
@@ -40,12 +41,13 @@ int cmd_sweep(cli_t *cli, int argc, char **argv) {
     lapse_duration_display(so.grace_ms, grace, sizeof grace);
     printf("sweep republished=%llu cancelled=%llu would_republish=%llu would_cancel=%llu "
            "skipped=%llu failed=%llu dry_run=%s events_published=%llu "
-           "events_waiting=%lld\n",
+           "events_waiting=%lld pruned_orders=%llu pruned_events=%llu\n",
            (unsigned long long)r.republished, (unsigned long long)r.cancelled,
            (unsigned long long)r.would_republish, (unsigned long long)r.would_cancel,
            (unsigned long long)r.skipped, (unsigned long long)r.failed,
            so.dry_run ? "yes" : "no", (unsigned long long)r.events_published,
-           (long long)r.events_waiting);
+           (long long)r.events_waiting, (unsigned long long)r.pruned_orders,
+           (unsigned long long)r.pruned_events);
     if (so.dry_run) {
         printf("Dry run, nothing changed: %llu lost order(s) would be cancelled (pending "
                "%s past their deadline), %llu unconfirmed order(s) published again.\n",

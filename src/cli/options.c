@@ -38,8 +38,16 @@ const cli_option_t cli_options[] = {
      .commands = CLI_GLOBAL,
      /* A PostgreSQL URI may carry a password. */
      .flags = CLI_SECRET,
-     .help = "the order store, sqlite:PATH (a new file is created mode 0600; commands "
-             "that only read never create one)"},
+     .help = "the order store: sqlite:PATH (a new file is created mode 0600) or a "
+             "PostgreSQL URI, postgresql://user@host:5432/db (libpq's; PG* variables and "
+             ".pgpass apply); commands that only read never create one"},
+    {.name = "store-schema",
+     .metavar = "NAME",
+     .property = "store_schema",
+     .example = "shop_lapse",
+     .commands = CLI_GLOBAL,
+     .help = "PostgreSQL: the schema that holds lapse's tables, created and migrated by "
+             "lapse"},
     {.name = "prefix",
      .metavar = "NAME",
      .property = "prefix",
@@ -124,6 +132,13 @@ const cli_option_t cli_options[] = {
      .commands = CONSUMER_SETTING | IN(SWEEP),
      .help = "a sweep leaves orders recorded less than D ago (0: none): their publish "
              "may still be waiting for its confirm"},
+    {.name = "retention",
+     .metavar = "D",
+     .property = "retention",
+     .example = "90d",
+     .commands = CONSUMER_SETTING | IN(SWEEP),
+     .help = "sweeps delete paid and cancelled orders, and published events, once their "
+             "deadline and settlement are D in the past (0: keep everything)"},
 
     /* publish */
     {.name = "timeout",

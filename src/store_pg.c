@@ -1,0 +1,1065 @@
+/* SPDX-License-Identifier: MIT
+ * The PostgreSQL store backend (libpq): the server's clock decides, batches are arrays
+ * bound as parameters, rows are claimed with SKIP LOCKED, a lost connection is
+ * re-established on the next call. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jansson.h>
+#include <libpq-fe.h>
+
+#include "clock_int.h"
+#include "store_int.h"
+
+#include "store_pg_sql.h"
+
+#define EVENT_ID_PREFIX LAPSE_EVENT_CANCELLED ":"
+/* How long a claim on unscheduled orders lasts (lapse_pending_filter_t.claim_ms is the
+ * caller's; this bounds it). */
+#define CLAIM_MAX_MS (INT64_C(24) * 3600 * 1000)
+/* The server clock is read again when the last reading is older than this. */
+#define CLOCK_REFRESH_MS 1000
+
+typedef struct pg_store {
+    lapse_store_t base; /* first: a lapse_store_t * is a pg_store_t * */
+    PGconn *conn;
+    char *uri;
+    char *schema;            /* as given */
+    char *sql[PS_COUNT_];    /* PG_STMT_SQL with the schema filled in */
+    int64_t clock_server_ms; /* the server's clock read at clock_mono_ms */
+    int64_t clock_mono_ms;   /* 0: never read */
+} pg_store_t;
+
+static pg_store_t *as_pg(lapse_store_t *store) {
+    return (pg_store_t *)store;
+}
+
+/* ---- errors ---- */
+
+/* Failures worth retrying: the connection (class 08), the server shutting down or
+ * starting (57P0x), too many connections (53300), serialization and deadlock (40xxx),
+ * a lock or statement timeout (55P03, 57014), idle-in-transaction timeout (25P03). */
+static bool retriable_state(const char *state) {
+    if (state == NULL) {
+        return true; /* no SQLSTATE: libpq lost the connection */
+    }
+    return strncmp(state, "08", 2) == 0 || strncmp(state, "57P0", 4) == 0 ||
+           strncmp(state, "40", 2) == 0 || strcmp(state, "53300") == 0 ||
+           strcmp(state, "55P03") == 0 || strcmp(state, "57014") == 0 ||
+           strcmp(state, "25P03") == 0;
+}
+
+/* The first line of libpq's message, without its trailing newline. */
+static void first_line(const char *msg, char *out, size_t cap) {
+    snprintf(out, cap, "%s", msg != NULL && msg[0] != '\0' ? msg : "unknown error");
+    out[strcspn(out, "\n")] = '\0';
+}
+
+static lapse_status_t fail_result(pg_store_t *s, const PGresult *res, const char *what,
+                                  lapse_error_t *err) {
+    const char *state = res != NULL ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : NULL;
+    char msg[512];
+    first_line(res != NULL ? PQresultErrorMessage(res) : PQerrorMessage(s->conn), msg,
+               sizeof msg);
+    if (res == NULL || PQstatus(s->conn) != CONNECTION_OK) {
+        state = NULL;
+    }
+    return lapse_error_set(
+        err, retriable_state(state) ? LAPSE_ERR_STORE_BUSY : LAPSE_ERR_STORE_SQL,
+        "%s: %s%s%s", what, msg, state != NULL ? " SQLSTATE " : "",
+        state != NULL ? state : "");
+}
+
+/* ---- the connection ---- */
+
+static lapse_status_t connect_db(pg_store_t *s, lapse_error_t *err) {
+    /* Before dbname, so that the URI's own settings win. */
+    const char *const keys[] = {"connect_timeout", "fallback_application_name", "dbname",
+                                NULL};
+    const char *const values[] = {"10", "lapse", s->uri, NULL};
+    if (s->conn != NULL) {
+        PQfinish(s->conn);
+    }
+    s->conn = PQconnectdbParams(keys, values, 1);
+    if (s->conn == NULL) {
+        return lapse_error_set(err, LAPSE_ERR_NOMEM, "PostgreSQL: out of memory");
+    }
+    if (PQstatus(s->conn) != CONNECTION_OK) {
+        char msg[512];
+        first_line(PQerrorMessage(s->conn), msg, sizeof msg);
+        /* A server that is down, restarting or full is retriable; a URI libpq cannot
+         * parse, a wrong password or a missing database is not. */
+        bool fatal =
+            strstr(msg, "invalid") != NULL || strstr(msg, "authentication") != NULL ||
+            strstr(msg, "does not exist") != NULL || strstr(msg, "password") != NULL;
+        return lapse_error_set(err, fatal ? LAPSE_ERR_STORE_OPEN : LAPSE_ERR_STORE_BUSY,
+                               "PostgreSQL: %s", msg);
+    }
+    return LAPSE_OK;
+}
+
+/* A connection that broke (a restarted or failed-over server, a terminated backend) is
+ * replaced before the next statement; the statement that saw it break has already
+ * failed as retriable, so no transaction is ever half replayed. */
+static lapse_status_t ensure_conn(pg_store_t *s, lapse_error_t *err) {
+    if (s->conn != NULL && PQstatus(s->conn) == CONNECTION_OK) {
+        return LAPSE_OK;
+    }
+    return connect_db(s, err);
+}
+
+/* Runs statement id with text parameters (NULL: SQL NULL); *out receives the result
+ * (PQclear it) when it returned rows, else it is cleared here. */
+static lapse_status_t exec_v(pg_store_t *s, pg_stmt_id_t id, PGresult **out, int n,
+                             const char *const *params, lapse_error_t *err) {
+    if (out != NULL) {
+        *out = NULL;
+    }
+    PGresult *res = PQexecParams(s->conn, s->sql[id], n, NULL, params, NULL, NULL, 0);
+    ExecStatusType st = res != NULL ? PQresultStatus(res) : PGRES_FATAL_ERROR;
+    if (st != PGRES_COMMAND_OK && st != PGRES_TUPLES_OK) {
+        lapse_status_t rc = fail_result(s, res, PG_STMT_NAME[id], err);
+        PQclear(res);
+        return rc;
+    }
+    if (out != NULL) {
+        *out = res;
+    } else {
+        PQclear(res);
+    }
+    return LAPSE_OK;
+}
+
+/* Simple-protocol commands (BEGIN with its settings, COMMIT, ROLLBACK, DDL). */
+static lapse_status_t exec_simple(pg_store_t *s, const char *sql, const char *what,
+                                  lapse_error_t *err) {
+    PGresult *res = PQexec(s->conn, sql);
+    ExecStatusType st = res != NULL ? PQresultStatus(res) : PGRES_FATAL_ERROR;
+    lapse_status_t rc = LAPSE_OK;
+    if (st != PGRES_COMMAND_OK && st != PGRES_TUPLES_OK) {
+        rc = fail_result(s, res, what, err);
+    }
+    PQclear(res);
+    return rc;
+}
+
+static lapse_status_t begin(pg_store_t *s, lapse_error_t *err) {
+    lapse_status_t rc = ensure_conn(s, err);
+    return rc == LAPSE_OK ? exec_simple(s, PG_BEGIN, "BEGIN", err) : rc;
+}
+
+/* Ends a transaction: commits when rc is LAPSE_OK, else rolls back. A commit whose
+ * answer was lost with the connection may or may not have happened: it is reported as
+ * retriable, and every write here is a compare-and-set, so doing it again is safe. */
+static lapse_status_t end(pg_store_t *s, lapse_status_t rc, lapse_error_t *err) {
+    if (rc == LAPSE_OK) {
+        return exec_simple(s, "COMMIT", "COMMIT", err);
+    }
+    if (PQstatus(s->conn) == CONNECTION_OK &&
+        PQtransactionStatus(s->conn) != PQTRANS_IDLE) {
+        PGresult *res = PQexec(s->conn, "ROLLBACK");
+        PQclear(res);
+    }
+    return rc;
+}
+
+/* ---- parameters ---- */
+
+/* A growing text buffer; ok turns false once memory ran out. */
+typedef struct buf {
+    char *p;
+    size_t n, cap;
+    bool ok;
+} buf_t;
+
+static void buf_put(buf_t *b, const char *s, size_t len) {
+    if (!b->ok) {
+        return;
+    }
+    if (b->n + len + 1 > b->cap) {
+        size_t cap = b->cap == 0 ? 256 : b->cap;
+        while (cap < b->n + len + 1) {
+            cap *= 2;
+        }
+        char *grown = realloc(b->p, cap);
+        if (grown == NULL) {
+            b->ok = false;
+            return;
+        }
+        b->p = grown;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->n, s, len);
+    b->n += len;
+    b->p[b->n] = '\0';
+}
+
+static void buf_str(buf_t *b, const char *s) {
+    buf_put(b, s, strlen(s));
+}
+
+/* A text[] literal: every element double-quoted, with " and \ escaped. */
+typedef struct arr {
+    buf_t b;
+    size_t n;
+} arr_t;
+
+static void arr_init(arr_t *a) {
+    *a = (arr_t){.b = {.ok = true}};
+    buf_str(&a->b, "{");
+}
+
+static void arr_text(arr_t *a, const char *s) {
+    buf_str(&a->b, a->n++ == 0 ? "\"" : ",\"");
+    for (const char *p = s; *p != '\0'; p++) {
+        if (*p == '"' || *p == '\\') {
+            buf_put(&a->b, "\\", 1);
+        }
+        buf_put(&a->b, p, 1);
+    }
+    buf_put(&a->b, "\"", 1);
+}
+
+static void arr_int(arr_t *a, int64_t v) {
+    char num[32];
+    snprintf(num, sizeof num, "%s%lld", a->n++ == 0 ? "" : ",", (long long)v);
+    buf_str(&a->b, num);
+}
+
+/* The literal, or NULL when memory ran out (then arr_free still frees). */
+static const char *arr_end(arr_t *a) {
+    buf_str(&a->b, "}");
+    return a->b.ok ? a->b.p : NULL;
+}
+
+static void arr_free(arr_t *a) {
+    free(a->b.p);
+    *a = (arr_t){0};
+}
+
+static const char *int_text(char buf[32], int64_t v) {
+    snprintf(buf, 32, "%lld", (long long)v);
+    return buf;
+}
+
+static int64_t col_int(const PGresult *res, int row, int col) {
+    return PQgetisnull(res, row, col) ? -1 : strtoll(PQgetvalue(res, row, col), NULL, 10);
+}
+
+static lapse_status_t nomem(lapse_error_t *err, const char *what) {
+    return lapse_error_set(err, LAPSE_ERR_NOMEM, "%s", what);
+}
+
+/* Fills out->holds from a JSON array of strings (NULL text: none). */
+static lapse_status_t parse_holds(const char *json, lapse_order_t *out,
+                                  lapse_error_t *err) {
+    if (json == NULL || json[0] == '\0') {
+        return LAPSE_OK;
+    }
+    json_t *arr = json_loads(json, 0, NULL);
+    lapse_status_t rc = LAPSE_OK;
+    size_t n = json_is_array(arr) ? json_array_size(arr) : 0;
+    if (!json_is_array(arr)) {
+        rc = lapse_error_set(err, LAPSE_ERR_STORE_SQL, "holds: not a JSON array");
+    } else if (n > 0 && (out->holds = calloc(n, sizeof(char *))) == NULL) {
+        rc = nomem(err, "reading holds");
+    }
+    for (size_t i = 0; rc == LAPSE_OK && i < n; i++) {
+        const char *v = json_string_value(json_array_get(arr, i));
+        if (v == NULL || (out->holds[i] = strdup(v)) == NULL) {
+            rc = nomem(err, "reading holds");
+            break;
+        }
+        out->n_holds++;
+    }
+    json_decref(arr);
+    return rc;
+}
+
+/* ---- the clock ---- */
+
+static lapse_status_t pg_now(lapse_store_t *store, int64_t *now_ms, lapse_error_t *err) {
+    pg_store_t *s = as_pg(store);
+    int64_t mono = lapse__mono_ms();
+    if (s->clock_mono_ms == 0 || mono - s->clock_mono_ms >= CLOCK_REFRESH_MS) {
+        PGresult *res = NULL;
+        lapse_status_t rc = ensure_conn(s, err);
+        if (rc == LAPSE_OK) {
+            rc = exec_v(s, PS_NOW, &res, 0, NULL, err);
+        }
+        if (rc != LAPSE_OK) {
+            return rc;
+        }
+        /* Read half way through the round trip, as near as can be known. */
+        int64_t after = lapse__mono_ms();
+        s->clock_server_ms = col_int(res, 0, 0);
+        s->clock_mono_ms = mono + (after - mono) / 2;
+        PQclear(res);
+        mono = after;
+    }
+    *now_ms = s->clock_server_ms + (mono - s->clock_mono_ms);
+    return LAPSE_OK;
+}
+
+/* ---- orders ---- */
+
+static lapse_status_t pg_insert_orders(lapse_store_t *store,
+                                       const lapse_new_order_t *orders, size_t n,
+                                       lapse_status_t *results, lapse_error_t *err) {
+    pg_store_t *s = as_pg(store);
+    arr_t ids, deadlines, created;
+    arr_init(&ids);
+    arr_init(&deadlines);
+    arr_init(&created);
+    for (size_t i = 0; i < n; i++) {
+        arr_text(&ids, orders[i].order_id);
+        arr_int(&deadlines, orders[i].deadline_ms);
+        arr_int(&created, orders[i].created_at_ms);
+        results[i] = LAPSE_OK;
+    }
+    const char *params[3] = {arr_end(&ids), arr_end(&deadlines), arr_end(&created)};
+    PGresult *fresh = NULL, *existing = NULL;
+    arr_t hold_ids, hold_names;
+    arr_init(&hold_ids);
+    arr_init(&hold_names);
+    lapse_status_t rc =
+        params[0] && params[1] && params[2] ? begin(s, err) : nomem(err, "insert_orders");
+    if (rc == LAPSE_OK) {
+        rc = exec_v(s, PS_ORDERS_INSERT, &fresh, 3, params, err);
+    }
+    if (rc == LAPSE_OK && (size_t)PQntuples(fresh) < n) {
+        rc = exec_v(s, PS_ORDERS_READ, &existing, 1, params, err);
+    }
+    /* New orders get their holds; an order that existed is judged by its row, like
+     * SQLite's (a re-publish never changes holds). */
+    for (size_t i = 0; rc == LAPSE_OK && i < n; i++) {
+        bool is_new = false;
+        for (int r = 0; !is_new && r < PQntuples(fresh); r++) {
+            is_new = strcmp(PQgetvalue(fresh, r, 0), orders[i].order_id) == 0;
+        }
+        /* An id given twice in one batch: the first is new, the second a re-publish. */
+        for (size_t j = 0; is_new && j < i; j++) {
+            is_new = strcmp(orders[j].order_id, orders[i].order_id) != 0;
+        }
+        if (is_new) {
+            for (size_t h = 0; h < orders[i].n_holds; h++) {
+                arr_text(&hold_ids, orders[i].order_id);
+                arr_text(&hold_names, orders[i].holds[h]);
+            }
+            continue;
+        }
+        lapse_order_t row;
+        lapse_order_init(&row);
+        bool found = false;
+        for (int r = 0; existing != NULL && !found && r < PQntuples(existing); r++) {
+            if (strcmp(PQgetvalue(existing, r, 0), orders[i].order_id) == 0) {
+                found = true;
+                rc = lapse__order_status_parse(PQgetvalue(existing, r, 1), &row.status);
+                row.deadline_ms = col_int(existing, r, 2);
+            }
+        }
+        if (!found) {
+            rc = lapse_error_set(err, LAPSE_ERR_STORE_SQL,
+                                 "order %s: insert ignored but no row",
+                                 orders[i].order_id);
+        } else if (rc != LAPSE_OK) {
+            lapse_error_set(err, rc, "order %s: unknown status", orders[i].order_id);
+        } else {
+            results[i] = lapse__insert_verdict(&row, orders[i].deadline_ms);
+        }
+    }
+    if (rc == LAPSE_OK && hold_ids.n > 0) {
+        const char *hp[2] = {arr_end(&hold_ids), arr_end(&hold_names)};
+        rc = hp[0] && hp[1] ? exec_v(s, PS_HOLDS_INSERT, NULL, 2, hp, err)
+                            : nomem(err, "insert_orders");
+    }
+    PQclear(fresh);
+    PQclear(existing);
+    arr_free(&ids);
+    arr_free(&deadlines);
+    arr_free(&created);
+    arr_free(&hold_ids);
+    arr_free(&hold_names);
+    return end(s, rc, err);
+}
+
+static lapse_status_t pg_mark_scheduled(lapse_store_t *store,
+                                        const char *const *order_ids, size_t n,
+                                        lapse_error_t *err) {
+    pg_store_t *s = as_pg(store);
+    arr_t ids;
+    arr_init(&ids);
+    for (size_t i = 0; i < n; i++) {
+        arr_text(&ids, order_ids[i]);
+    }
+    const char *params[1] = {arr_end(&ids)};
+    /* In a transaction of its own for its lock_timeout: a row someone holds (the shop's
+     * long transaction) fails this as retriable after 2 s instead of stalling. */
+    lapse_status_t rc = params[0] != NULL ? begin(s, err) : nomem(err, "mark_scheduled");
+    if (rc == LAPSE_OK) {
+        rc = exec_v(s, PS_ORDERS_SCHEDULE, NULL, 1, params, err);
+    }
+    arr_free(&ids);
+    return end(s, rc, err);
+}
+
+/* Reads one order (and its holds) in one statement, so both come from one snapshot. */
+static lapse_status_t read_order(pg_store_t *s, const char *order_id, lapse_order_t *out,
+                                 bool *found, lapse_error_t *err) {
+    PGresult *res = NULL;
+    const char *params[1] = {order_id};
+    lapse_status_t rc = exec_v(s, PS_ORDER_GET, &res, 1, params, err);
+    *found = rc == LAPSE_OK && PQntuples(res) == 1;
+    if (*found) {
+        if (lapse__order_status_parse(PQgetvalue(res, 0, 0), &out->status) != LAPSE_OK) {
+            rc = lapse_error_set(err, LAPSE_ERR_STORE_SQL, "order %s: unknown status",
+                                 order_id);
+        }
+        out->deadline_ms = col_int(res, 0, 1);
+        out->created_at_ms = col_int(res, 0, 2);
+        out->paid_at_ms = col_int(res, 0, 3);
+        out->cancelled_at_ms = col_int(res, 0, 4);
+        out->scheduled = col_int(res, 0, 5) != 0;
+        if (rc == LAPSE_OK && !PQgetisnull(res, 0, 6)) {
+            rc = parse_holds(PQgetvalue(res, 0, 6), out, err);
+        }
+    }
+    PQclear(res);
+    return rc;
+}
+
+static lapse_status_t pg_pay(lapse_store_t *store, const char *order_id, int64_t now_ms,
+                             lapse_error_t *err) {
+    (void)now_ms; /* the server's clock decides */
+    pg_store_t *s = as_pg(store);
+    PGresult *res = NULL;
+    const char *params[1] = {order_id};
+    lapse_status_t rc = begin(s, err);
+    if (rc == LAPSE_OK) {
+        rc = exec_v(s, PS_ORDER_PAY, &res, 1, params, err);
+    }
+    bool paid = rc == LAPSE_OK && PQntuples(res) == 1;
+    PQclear(res);
+    if (rc == LAPSE_OK && !paid) {
+        lapse_order_t order;
+        bool found = false;
+        lapse_order_init(&order);
+        rc = read_order(s, order_id, &order, &found, err);
+        if (rc == LAPSE_OK) {
+            rc = lapse__pay_verdict(order_id, found ? &order : NULL, err);
+        }
+        lapse_order_clear(&order);
+        /* A refusal is an answer, not a failed transaction: end it cleanly. */
+        if (rc != LAPSE_OK && rc != LAPSE_ERR_STORE_BUSY && rc != LAPSE_ERR_STORE_SQL) {
+            lapse_error_t ignored;
+            end(s, LAPSE_OK, &ignored);
+            return rc;
+        }
+    }
+    return end(s, rc, err);
+}
+
+static lapse_status_t pg_get(lapse_store_t *store, const char *order_id,
+                             lapse_order_t *out, lapse_error_t *err) {
+    pg_store_t *s = as_pg(store);
+    size_t id_len = strlen(order_id);
+    if (id_len > LAPSE_ORDER_ID_MAX) {
+        return lapse_error_set(err, LAPSE_ERR_STORE_NOT_FOUND, "order id too long");
+    }
+    lapse_order_t order;
+    lapse_order_init(&order);
+    memcpy(order.order_id, order_id, id_len + 1);
+    bool found = false;
+    lapse_status_t rc = ensure_conn(s, err);
+    if (rc == LAPSE_OK) {
+        rc = read_order(s, order_id, &order, &found, err);
+    }
+    if (rc == LAPSE_OK && !found) {
+        rc = lapse_error_set(err, LAPSE_ERR_STORE_NOT_FOUND, "order %s not found",
+                             order_id);
+    }
+    if (rc != LAPSE_OK) {
+        lapse_order_clear(&order);
+        return rc;
+    }
+    lapse_order_clear(out);
+    *out = order;
+    return LAPSE_OK;
+}
+
+static lapse_status_t pg_count(lapse_store_t *store, int64_t counts[3],
+                               lapse_error_t *err) {
+    pg_store_t *s = as_pg(store);
+    PGresult *res = NULL;
+    counts[0] = counts[1] = counts[2] = 0;
+    lapse_status_t rc = ensure_conn(s, err);
+    if (rc == LAPSE_OK) {
+        rc = exec_v(s, PS_ORDER_COUNT, &res, 0, NULL, err);
+    }
+    for (int r = 0; rc == LAPSE_OK && r < PQntuples(res); r++) {
+        lapse_order_status_t status;
+        if (lapse__order_status_parse(PQgetvalue(res, r, 0), &status) == LAPSE_OK) {
+            counts[status] = col_int(res, r, 1);
+        }
+    }
+    PQclear(res);
+    return rc;
+}
+
+/* ---- cancellation ---- */
+
+static lapse_cancel_item_t *find_item(lapse_cancel_item_t *items, size_t n,
+                                      const char *id) {
+    for (size_t i = 0; i < n; i++) {
+        if (strcmp(items[i].order_id, id) == 0) {
+            return &items[i];
+        }
+    }
+    return NULL;
+}
+
+/* The events of the cancelled items: bodies built from each order's holds (HOLDS_OF,
+ * sorted by order then resource), inserted in one statement, seqs written back. */
+static lapse_status_t record_events(pg_store_t *s, lapse_cancel_item_t *items, size_t n,
+                                    const char *ids_lit, int64_t now,
+                                    lapse_error_t *err) {
+    PGresult *holds = NULL, *ins = NULL;
+    const char *p1[1] = {ids_lit};
+    lapse_status_t rc = exec_v(s, PS_HOLDS_OF, &holds, 1, p1, err);
+    arr_t ev_ids, ev_orders, ev_bodies;
+    arr_init(&ev_ids);
+    arr_init(&ev_orders);
+    arr_init(&ev_bodies);
+    int row = 0;
+    int nrows = rc == LAPSE_OK ? PQntuples(holds) : 0;
+    for (size_t i = 0; rc == LAPSE_OK && i < n; i++) {
+        lapse_cancel_item_t *it = &items[i];
+        if (it->outcome != LAPSE_CANCEL_DONE) {
+            continue;
+        }
+        /* This order's holds: HOLDS_OF is sorted, but items are in the caller's order. */
+        char *names[64];
+        char **hold = names;
+        size_t n_hold = 0, cap = sizeof names / sizeof names[0];
+        for (row = 0; row < nrows; row++) {
+            if (strcmp(PQgetvalue(holds, row, 0), it->order_id) != 0) {
+                continue;
+            }
+            if (n_hold == cap) {
+                char **grown = malloc(2 * cap * sizeof(char *));
+                if (grown == NULL) {
+                    rc = nomem(err, "cancel: holds");
+                    break;
+                }
+                memcpy(grown, hold, n_hold * sizeof(char *));
+                if (hold != names) {
+                    free(hold);
+                }
+                hold = grown;
+                cap *= 2;
+            }
+            hold[n_hold++] = PQgetvalue(holds, row, 1);
+        }
+        char *body = rc == LAPSE_OK ? lapse__event_body(it->order_id, it->deadline_ms,
+                                                        now, hold, n_hold)
+                                    : NULL;
+        if (hold != names) {
+            free(hold);
+        }
+        if (rc == LAPSE_OK && body == NULL) {
+            rc = nomem(err, "cancel: event body");
+        }
+        if (rc == LAPSE_OK) {
+            char event_id[sizeof(EVENT_ID_PREFIX) + LAPSE_ORDER_ID_MAX];
+            snprintf(event_id, sizeof event_id, "%s%s", EVENT_ID_PREFIX, it->order_id);
+            arr_text(&ev_ids, event_id);
+            arr_text(&ev_orders, it->order_id);
+            arr_text(&ev_bodies, body);
+        }
+        free(body);
+    }
+    char now_text[32], claim_text[32];
+    /* The canceller publishes its own events straight away (lapse_store_events_pending
+     * with their seqs); the claim keeps competing relays off them meanwhile. */
+    const char *p4[5] = {arr_end(&ev_ids), arr_end(&ev_orders), arr_end(&ev_bodies),
+                         int_text(now_text, now),
+                         int_text(claim_text, now + LAPSE_STORE_EVENT_CLAIM_MS)};
+    if (rc == LAPSE_OK && ev_ids.n > 0) {
+        rc = p4[0] && p4[1] && p4[2] ? exec_v(s, PS_EVENTS_INSERT, &ins, 5, p4, err)
+                                     : nomem(err, "cancel: events");
+    }
+    for (int r = 0; rc == LAPSE_OK && ins != NULL && r < PQntuples(ins); r++) {
+        lapse_cancel_item_t *it = find_item(items, n, PQgetvalue(ins, r, 1));
+        if (it != NULL) {
+            it->event_seq = col_int(ins, r, 0);
+        }
+    }
+    PQclear(holds);
+    PQclear(ins);
+    arr_free(&ev_ids);
+    arr_free(&ev_orders);
+    arr_free(&ev_bodies);
+    return rc;
+}
+
+static lapse_status_t pg_cancel_batch(lapse_store_t *store, lapse_cancel_item_t *items,
+                                      size_t n, int64_t now_ms, lapse_error_t *err) {
+    pg_store_t *s = as_pg(store);
+    arr_t ids, due;
+    arr_init(&ids);
+    arr_init(&due);
+    for (size_t i = 0; i < n; i++) {
+        items[i].outcome = LAPSE_CANCEL_UNKNOWN;
+        items[i].deadline_ms = 0;
+        items[i].event_seq = 0;
+        items[i].now_ms = now_ms;
+        arr_text(&ids, items[i].order_id);
+    }
+    const char *ids_lit = arr_end(&ids);
+    PGresult *locked = NULL;
+    lapse_status_t rc = ids_lit != NULL ? begin(s, err) : nomem(err, "cancel_batch");
+    /* Lock what can be locked now; a row someone else holds is skipped, not waited for.
+     */
+    const char *p1[1] = {ids_lit};
+    if (rc == LAPSE_OK) {
+        rc = exec_v(s, PS_CANCEL_LOCK, &locked, 1, p1, err);
+    }
+    int64_t server_now = rc == LAPSE_OK ? col_int(locked, 0, 0) : 0;
+    /* now_ms 0 is "nothing is due" on every store. */
+    int64_t now = now_ms == 0 ? 0 : server_now;
+    size_t n_locked = 0, n_due = 0;
+    for (size_t i = 0; i < n; i++) {
+        items[i].now_ms = now;
+    }
+    for (int r = 0; rc == LAPSE_OK && r < PQntuples(locked); r++) {
+        if (PQgetisnull(locked, r, 1)) {
+            continue; /* the one row of an empty lock set */
+        }
+        const char *id = PQgetvalue(locked, r, 1);
+        lapse_order_status_t status;
+        if (lapse__order_status_parse(PQgetvalue(locked, r, 2), &status) != LAPSE_OK) {
+            rc =
+                lapse_error_set(err, LAPSE_ERR_STORE_SQL, "order %s: unknown status", id);
+            break;
+        }
+        int64_t deadline = col_int(locked, r, 3);
+        for (size_t i = 0; i < n; i++) {
+            lapse_cancel_item_t *it = &items[i];
+            if (strcmp(it->order_id, id) != 0) {
+                continue;
+            }
+            it->deadline_ms = deadline;
+            if (status == LAPSE_ORDER_PENDING && now != 0 && deadline <= now) {
+                /* A duplicate id in one batch is cancelled once; the second is a no-op.
+                 */
+                bool first = find_item(items, n, id) == it;
+                it->outcome = first ? LAPSE_CANCEL_DONE : LAPSE_CANCEL_NOOP_CANCELLED;
+                if (first) {
+                    arr_text(&due, id);
+                    n_due++;
+                }
+            } else {
+                it->outcome = lapse__cancel_verdict(status);
+            }
+            n_locked++;
+        }
+    }
+    /* The rest either does not exist or is locked by another transaction. */
+    if (rc == LAPSE_OK && n_locked < n) {
+        PGresult *exist = NULL;
+        rc = exec_v(s, PS_ORDERS_EXIST, &exist, 1, p1, err);
+        for (int r = 0; rc == LAPSE_OK && r < PQntuples(exist); r++) {
+            for (size_t i = 0; i < n; i++) {
+                if (strcmp(items[i].order_id, PQgetvalue(exist, r, 0)) == 0 &&
+                    items[i].outcome == LAPSE_CANCEL_UNKNOWN) {
+                    items[i].outcome = LAPSE_CANCEL_BUSY;
+                }
+            }
+        }
+        PQclear(exist);
+    }
+    const char *due_lit = arr_end(&due);
+    if (rc == LAPSE_OK && n_due > 0) {
+        char now_text[32];
+        const char *p2[2] = {due_lit, int_text(now_text, now)};
+        PGresult *upd = NULL;
+        rc = due_lit != NULL ? exec_v(s, PS_ORDERS_CANCEL, &upd, 2, p2, err)
+                             : nomem(err, "cancel_batch");
+        if (rc == LAPSE_OK && strtoull(PQcmdTuples(upd), NULL, 10) != n_due) {
+            /* Locked and checked above, so this cannot happen; if it ever does, nothing
+             * is written rather than an event for an order that was not cancelled. */
+            rc = lapse_error_set(err, LAPSE_ERR_STORE_SQL,
+                                 "cancel: %s of %zu rows changed", PQcmdTuples(upd),
+                                 n_due);
+        }
+        PQclear(upd);
+        if (rc == LAPSE_OK) {
+            rc = exec_v(s, PS_HOLDS_RELEASE, NULL, 2, p2, err);
+        }
+        if (rc == LAPSE_OK) {
+            rc = record_events(s, items, n, due_lit, now, err);
+        }
+    }
+    PQclear(locked);
+    arr_free(&ids);
+    arr_free(&due);
+    rc = end(s, rc, err);
+    if (rc != LAPSE_OK) {
+        for (size_t i = 0; i < n; i++) {
+            items[i].outcome = LAPSE_CANCEL_UNKNOWN;
+            items[i].deadline_ms = 0;
+            items[i].event_seq = 0;
+        }
+    }
+    return rc;
+}
+
+/* ---- the outbox ---- */
+
+static int by_seq(const void *a, const void *b) {
+    int64_t x = ((const lapse_event_t *)a)->seq, y = ((const lapse_event_t *)b)->seq;
+    return (x > y) - (x < y);
+}
+
+static lapse_status_t pg_events_pending(lapse_store_t *store, size_t limit,
+                                        const int64_t *seqs, size_t n_seqs,
+                                        lapse__event_list_t *out, lapse_error_t *err) {
+    pg_store_t *s = as_pg(store);
+    char lim[32], claim[32];
+    int64_t bound = limit > (size_t)INT64_MAX ? INT64_MAX : (int64_t)limit;
+    PGresult *res = NULL;
+    arr_t list;
+    arr_init(&list);
+    lapse_status_t rc = ensure_conn(s, err);
+    if (rc == LAPSE_OK && seqs != NULL) {
+        for (size_t k = 0; k < n_seqs; k++) {
+            arr_int(&list, seqs[k]);
+        }
+        const char *p[2] = {arr_end(&list), int_text(lim, bound)};
+        rc = p[0] != NULL ? exec_v(s, PS_EVENTS_BY_SEQ, &res, 2, p, err)
+                          : nomem(err, "events");
+    } else if (rc == LAPSE_OK) {
+        const char *p[2] = {int_text(lim, bound),
+                            int_text(claim, LAPSE_STORE_EVENT_CLAIM_MS)};
+        rc = exec_v(s, PS_EVENTS_CLAIM, &res, 2, p, err);
+    }
+    for (int r = 0; rc == LAPSE_OK && r < PQntuples(res) && out->n < limit; r++) {
+        if (!lapse__event_list_add(out, col_int(res, r, 0), PQgetvalue(res, r, 1),
+                                   (size_t)PQgetlength(res, r, 1), PQgetvalue(res, r, 2),
+                                   (size_t)PQgetlength(res, r, 2), PQgetvalue(res, r, 3),
+                                   (size_t)PQgetlength(res, r, 3))) {
+            rc = nomem(err, "reading events");
+        }
+    }
+    /* UPDATE ... RETURNING comes in no particular order. */
+    if (rc == LAPSE_OK && out->n > 1) {
+        qsort(out->items, out->n, sizeof(out->items[0]), by_seq);
+    }
+    PQclear(res);
+    arr_free(&list);
+    return rc;
+}
+
+static lapse_status_t pg_events_mark_published(lapse_store_t *store, const int64_t *seqs,
+                                               size_t n, int64_t now_ms,
+                                               lapse_error_t *err) {
+    (void)now_ms; /* the server's clock dates it, like everything else here */
+    pg_store_t *s = as_pg(store);
+    arr_t list;
+    arr_init(&list);
+    for (size_t i = 0; i < n; i++) {
+        arr_int(&list, seqs[i]);
+    }
+    const char *p[1] = {arr_end(&list)};
+    lapse_status_t rc = p[0] != NULL ? begin(s, err) : nomem(err, "events");
+    if (rc == LAPSE_OK) {
+        rc = exec_v(s, PS_EVENTS_PUBLISHED, NULL, 1, p, err);
+    }
+    arr_free(&list);
+    return end(s, rc, err);
+}
+
+static lapse_status_t pg_events_count(lapse_store_t *store, int64_t *pending,
+                                      lapse_error_t *err) {
+    pg_store_t *s = as_pg(store);
+    PGresult *res = NULL;
+    lapse_status_t rc = ensure_conn(s, err);
+    if (rc == LAPSE_OK) {
+        rc = exec_v(s, PS_EVENTS_COUNT, &res, 0, NULL, err);
+    }
+    if (rc == LAPSE_OK) {
+        *pending = col_int(res, 0, 0);
+    }
+    PQclear(res);
+    return rc;
+}
+
+/* ---- the pending walk ---- */
+
+static int by_deadline_id(const void *a, const void *b) {
+    const lapse_order_t *x = a, *y = b;
+    if (x->deadline_ms != y->deadline_ms) {
+        return (x->deadline_ms > y->deadline_ms) - (x->deadline_ms < y->deadline_ms);
+    }
+    return strcmp(x->order_id, y->order_id);
+}
+
+static lapse_status_t pg_pending_page(lapse_store_t *store,
+                                      const lapse_pending_filter_t *filter,
+                                      int64_t after_deadline_ms, const char *after_id,
+                                      lapse__order_page_t *page, lapse_error_t *err) {
+    pg_store_t *s = as_pg(store);
+    char t[5][32];
+    int64_t claim = filter->claim_ms < CLAIM_MAX_MS ? filter->claim_ms : CLAIM_MAX_MS;
+    bool claiming = filter->only_unscheduled && claim > 0;
+    pg_stmt_id_t id = claiming                   ? PS_UNSCHEDULED_CLAIM
+                      : filter->only_unscheduled ? PS_UNSCHEDULED_PAGE
+                                                 : PS_PENDING_PAGE;
+    const char *p[7] = {int_text(t[0], after_deadline_ms),
+                        after_id,
+                        int_text(t[1], filter->due_before_ms),
+                        int_text(t[2], filter->created_before_ms),
+                        int_text(t[3], (int64_t)page->cap),
+                        filter->with_holds ? "true" : "false",
+                        int_text(t[4], claim)};
+    PGresult *res = NULL;
+    lapse_status_t rc = ensure_conn(s, err);
+    if (rc == LAPSE_OK) {
+        rc = exec_v(s, id, &res, claiming ? 7 : 6, p, err);
+    }
+    for (int r = 0; rc == LAPSE_OK && r < PQntuples(res) && page->n < page->cap; r++) {
+        lapse_order_t *order = &page->items[page->n];
+        size_t len = (size_t)PQgetlength(res, r, 0);
+        if (len > LAPSE_ORDER_ID_MAX) {
+            rc = lapse_error_set(err, LAPSE_ERR_STORE_SQL, "pending: bad order id");
+            break;
+        }
+        memcpy(order->order_id, PQgetvalue(res, r, 0), len + 1);
+        order->status = LAPSE_ORDER_PENDING;
+        order->deadline_ms = col_int(res, r, 1);
+        order->created_at_ms = col_int(res, r, 2);
+        order->scheduled = col_int(res, r, 3) != 0;
+        page->n++;
+        if (!PQgetisnull(res, r, 4)) {
+            rc = parse_holds(PQgetvalue(res, r, 4), order, err);
+        }
+    }
+    if (rc == LAPSE_OK && claiming && page->n > 1) {
+        qsort(page->items, page->n, sizeof(page->items[0]), by_deadline_id);
+    }
+    PQclear(res);
+    return rc;
+}
+
+/* ---- pruning ---- */
+
+static lapse_status_t pg_prune(lapse_store_t *store, int64_t before_ms, int64_t limit,
+                               int64_t *orders, int64_t *events, lapse_error_t *err) {
+    pg_store_t *s = as_pg(store);
+    char t[2][32];
+    const char *p[2] = {int_text(t[0], before_ms), int_text(t[1], limit)};
+    PGresult *o = NULL, *e = NULL;
+    /* Holds go with their orders (ON DELETE CASCADE); rows another session holds are
+     * skipped, for the next run. */
+    lapse_status_t rc = begin(s, err);
+    if (rc == LAPSE_OK) {
+        rc = exec_v(s, PS_PRUNE_ORDERS, &o, 2, p, err);
+    }
+    if (rc == LAPSE_OK) {
+        rc = exec_v(s, PS_PRUNE_EVENTS, &e, 2, p, err);
+    }
+    if (rc == LAPSE_OK) {
+        *orders = strtoll(PQcmdTuples(o), NULL, 10);
+        *events = strtoll(PQcmdTuples(e), NULL, 10);
+    }
+    PQclear(o);
+    PQclear(e);
+    return end(s, rc, err);
+}
+
+/* ---- opening ---- */
+
+/* s->sql[i]: the statement with every "@." replaced by the quoted schema and a dot. */
+static lapse_status_t expand(const char *quoted, const char *sql, char **out) {
+    buf_t b = {.ok = true};
+    for (const char *p = sql; *p != '\0';) {
+        const char *at = strstr(p, "@.");
+        size_t len = at != NULL ? (size_t)(at - p) : strlen(p);
+        buf_put(&b, p, len);
+        if (at == NULL) {
+            break;
+        }
+        buf_str(&b, quoted);
+        buf_put(&b, ".", 1);
+        p = at + 2;
+    }
+    if (b.p == NULL) {
+        buf_str(&b, "");
+    }
+    *out = b.ok ? b.p : NULL;
+    if (!b.ok) {
+        free(b.p);
+    }
+    return *out != NULL ? LAPSE_OK : LAPSE_ERR_NOMEM;
+}
+
+static void pg_close(lapse_store_t *store) {
+    pg_store_t *s = as_pg(store);
+    for (int i = 0; i < PS_COUNT_; i++) {
+        free(s->sql[i]);
+    }
+    if (s->conn != NULL) {
+        PQfinish(s->conn);
+    }
+    free(s->uri);
+    free(s->schema);
+    free(s);
+}
+
+/* The schema's version: 0 when lapse's version table does not exist. */
+static lapse_status_t schema_version(pg_store_t *s, const char *quoted, int *version,
+                                     lapse_error_t *err) {
+    char *sql = NULL;
+    *version = 0;
+    if (expand(quoted, "SELECT to_regclass('@.lapse_schema') IS NOT NULL", &sql) !=
+        LAPSE_OK) {
+        return nomem(err, "schema");
+    }
+    PGresult *res = PQexec(s->conn, sql);
+    free(sql);
+    lapse_status_t rc = LAPSE_OK;
+    if (PQresultStatus(res) != PGRES_TUPLES_OK) {
+        rc = fail_result(s, res, "schema", err);
+    } else if (strcmp(PQgetvalue(res, 0, 0), "t") == 0) {
+        PQclear(res);
+        res = NULL;
+        if (expand(quoted, "SELECT coalesce(max(version), 0) FROM @.lapse_schema",
+                   &sql) != LAPSE_OK) {
+            return nomem(err, "schema");
+        }
+        res = PQexec(s->conn, sql);
+        free(sql);
+        if (PQresultStatus(res) != PGRES_TUPLES_OK) {
+            rc = fail_result(s, res, "schema version", err);
+        } else {
+            *version = (int)col_int(res, 0, 0);
+        }
+    }
+    PQclear(res);
+    return rc;
+}
+
+/* Creates or migrates lapse's schema, in one transaction under an advisory lock keyed by
+ * the schema's name: consumers starting at once queue up and the later ones find the work
+ * done. Only when the version is behind is the lock taken at all. */
+static lapse_status_t migrate(pg_store_t *s, const char *quoted, bool must_exist,
+                              lapse_error_t *err) {
+    int version = 0;
+    lapse_status_t rc = schema_version(s, quoted, &version, err);
+    if (rc != LAPSE_OK || version == PG_SCHEMA_VERSION) {
+        return rc;
+    }
+    if (version > PG_SCHEMA_VERSION) {
+        return lapse_error_set(
+            err, LAPSE_ERR_STORE_OPEN,
+            "store schema %s is version %d, newer than this lapse (%d)", s->schema,
+            version, PG_SCHEMA_VERSION);
+    }
+    if (version == 0 && must_exist) {
+        return lapse_error_set(err, LAPSE_ERR_STORE_MISSING,
+                               "store not found: no lapse schema \"%s\" in that database",
+                               s->schema);
+    }
+    buf_t b = {.ok = true};
+    char *lock = PQescapeLiteral(s->conn, s->schema, strlen(s->schema));
+    buf_str(&b, PG_BEGIN);
+    buf_str(&b, "; SELECT pg_advisory_xact_lock(hashtextextended('lapse.schema:' || ");
+    buf_str(&b, lock != NULL ? lock : "''");
+    buf_str(&b, ", 0)); CREATE SCHEMA IF NOT EXISTS ");
+    buf_str(&b, quoted);
+    buf_str(&b, "; CREATE TABLE IF NOT EXISTS @.lapse_schema (version integer NOT NULL)");
+    PQfreemem(lock);
+    char *sql = NULL;
+    rc = b.ok && expand(quoted, b.p, &sql) == LAPSE_OK
+             ? exec_simple(s, sql, "schema lock", err)
+             : nomem(err, "schema");
+    free(sql);
+    free(b.p);
+    if (rc == LAPSE_OK) {
+        rc = schema_version(s, quoted, &version, err); /* again, under the lock */
+    }
+    if (rc == LAPSE_OK && version > PG_SCHEMA_VERSION) {
+        rc = lapse_error_set(err, LAPSE_ERR_STORE_OPEN,
+                             "store schema %s is version %d, newer than this lapse (%d)",
+                             s->schema, version, PG_SCHEMA_VERSION);
+    }
+    if (rc == LAPSE_OK && version < 1) {
+        b = (buf_t){.ok = true};
+        buf_str(&b, PG_SCHEMA_V1);
+        buf_str(&b, "DELETE FROM @.lapse_schema; INSERT INTO @.lapse_schema VALUES (1)");
+        rc = b.ok && expand(quoted, b.p, &sql) == LAPSE_OK
+                 ? exec_simple(s, sql, "schema", err)
+                 : nomem(err, "schema");
+        free(sql);
+        free(b.p);
+    }
+    rc = end(s, rc, err);
+    if (rc == LAPSE_ERR_STORE_SQL) {
+        err->code = rc = LAPSE_ERR_STORE_OPEN;
+    }
+    return rc;
+}
+
+static const lapse__store_class_t pg_class = {
+    .name = "postgresql",
+    .now = pg_now,
+    .insert_orders = pg_insert_orders,
+    .mark_scheduled = pg_mark_scheduled,
+    .pay = pg_pay,
+    .cancel_batch = pg_cancel_batch,
+    .get = pg_get,
+    .count = pg_count,
+    .events_pending = pg_events_pending,
+    .events_mark_published = pg_events_mark_published,
+    .events_count = pg_events_count,
+    .pending_page = pg_pending_page,
+    .prune = pg_prune,
+    .close = pg_close,
+};
+
+lapse_store_t *lapse__store_pg_open(const char *uri, const char *schema, unsigned flags,
+                                    lapse_status_t *rc, lapse_error_t *err) {
+    pg_store_t *s = calloc(1, sizeof(*s));
+    if (s == NULL || (s->uri = strdup(uri)) == NULL ||
+        (s->schema = strdup(schema)) == NULL) {
+        free(s != NULL ? s->uri : NULL);
+        free(s);
+        *rc = nomem(err, "opening the store");
+        return NULL;
+    }
+    s->base.cls = &pg_class;
+    if ((*rc = connect_db(s, err)) != LAPSE_OK) {
+        pg_close(&s->base);
+        return NULL;
+    }
+    char *quoted = PQescapeIdentifier(s->conn, schema, strlen(schema));
+    if (quoted == NULL) {
+        *rc = nomem(err, "opening the store");
+        pg_close(&s->base);
+        return NULL;
+    }
+    *rc = migrate(s, quoted, (flags & LAPSE_STORE_MUST_EXIST) != 0, err);
+    for (int i = 0; *rc == LAPSE_OK && i < PS_COUNT_; i++) {
+        if (expand(quoted, PG_STMT_SQL[i], &s->sql[i]) != LAPSE_OK) {
+            *rc = nomem(err, "opening the store");
+        }
+    }
+    PQfreemem(quoted);
+    if (*rc != LAPSE_OK) {
+        pg_close(&s->base);
+        return NULL;
+    }
+    return &s->base;
+}

@@ -1,0 +1,173 @@
+/* SPDX-License-Identifier: MIT
+ * Internal: the PostgreSQL store's schema and its statements, as data. "@." stands for
+ * the quoted schema name and a dot; store_pg.c expands it once per handle. NOW_MS is the
+ * server's clock at the start of the transaction (now()), in ms since the epoch: the one
+ * clock the laws depend on (DESIGN.md, "One clock decides"). Included by store_pg.c
+ * only.
+ *
+ * Every statement goes through PQexecParams (the unnamed statement), never a named
+ * prepared statement, and no session state is relied on (names are schema-qualified,
+ * timeouts are SET LOCAL per transaction, the migration lock is transaction-level), so
+ * the backend works through PgBouncer in transaction pooling mode. */
+#ifndef LAPSE_STORE_PG_SQL_H
+#define LAPSE_STORE_PG_SQL_H
+
+#define PG_SCHEMA_VERSION 1
+
+#define NOW_MS "(floor(extract(epoch FROM now()) * 1000))::bigint"
+
+/* The tables mirror the SQLite backend's (same names, times as bigint ms), so that the
+ * two can be inspected with the same queries. order_id is COLLATE "C": keyset paging
+ * then orders ids byte-wise, like SQLite, and the indexes serve the row comparisons. */
+static const char PG_SCHEMA_V1[] =
+    "CREATE TABLE IF NOT EXISTS @.orders ("
+    " order_id text COLLATE \"C\" NOT NULL PRIMARY KEY,"
+    " status text NOT NULL CHECK (status IN ('pending', 'paid', 'cancelled')),"
+    " deadline_ms bigint NOT NULL,"
+    " created_at_ms bigint NOT NULL,"
+    " paid_at_ms bigint,"
+    " cancelled_at_ms bigint,"
+    " scheduled smallint NOT NULL DEFAULT 0 CHECK (scheduled IN (0, 1)),"
+    " claimed_until_ms bigint);"
+    "CREATE INDEX IF NOT EXISTS orders_pending_deadline ON @.orders (deadline_ms, "
+    "order_id)"
+    " WHERE status = 'pending';"
+    "CREATE INDEX IF NOT EXISTS orders_unscheduled_deadline"
+    " ON @.orders (deadline_ms, order_id) WHERE status = 'pending' AND scheduled = 0;"
+    "CREATE TABLE IF NOT EXISTS @.holds ("
+    " order_id text COLLATE \"C\" NOT NULL REFERENCES @.orders (order_id)"
+    " ON DELETE CASCADE,"
+    " resource text NOT NULL,"
+    " released_at_ms bigint,"
+    " PRIMARY KEY (order_id, resource));"
+    "CREATE TABLE IF NOT EXISTS @.events ("
+    " seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,"
+    " event_id text NOT NULL UNIQUE,"
+    " order_id text COLLATE \"C\" NOT NULL,"
+    " body text NOT NULL,"
+    " created_at_ms bigint NOT NULL,"
+    " published_at_ms bigint,"
+    " claimed_until_ms bigint);"
+    "CREATE INDEX IF NOT EXISTS events_unpublished ON @.events (seq)"
+    " WHERE published_at_ms IS NULL;"
+    "CREATE INDEX IF NOT EXISTS orders_settled_deadline ON @.orders (deadline_ms)"
+    " WHERE status <> 'pending';"
+    "CREATE INDEX IF NOT EXISTS events_published ON @.events (published_at_ms)"
+    " WHERE published_at_ms IS NOT NULL;";
+
+/* Each transaction that writes starts with this (one round trip): short waits for locks,
+ * a bound on every statement, and a session that dies rather than sit on its locks. */
+#define PG_BEGIN                                                                         \
+    "BEGIN; SET LOCAL lock_timeout = '2s'; SET LOCAL statement_timeout = '30s';"         \
+    " SET LOCAL idle_in_transaction_session_timeout = '60s'"
+
+/* The holds of order o as a JSON array text, sorted, or NULL when there are none. */
+#define HOLDS_JSON                                                                       \
+    "(SELECT json_agg(h.resource ORDER BY h.resource)::text FROM @.holds h"              \
+    " WHERE h.order_id = o.order_id)"
+
+#define PG_STATEMENTS(X)                                                                 \
+    X(NOW, "SELECT (floor(extract(epoch FROM clock_timestamp()) * 1000))::bigint")       \
+    X(ORDERS_INSERT,                                                                     \
+      "INSERT INTO @.orders (order_id, status, deadline_ms, created_at_ms)"              \
+      " SELECT i, 'pending', d, c FROM unnest($1::text[], $2::bigint[],"                 \
+      " $3::bigint[]) AS t (i, d, c) ON CONFLICT (order_id) DO NOTHING"                  \
+      " RETURNING order_id")                                                             \
+    X(ORDERS_READ, "SELECT order_id, status, deadline_ms FROM @.orders"                  \
+                   " WHERE order_id = ANY ($1::text[])")                                 \
+    X(HOLDS_INSERT, "INSERT INTO @.holds (order_id, resource)"                           \
+                    " SELECT * FROM unnest($1::text[], $2::text[])"                      \
+                    " ON CONFLICT DO NOTHING")                                           \
+    X(ORDERS_SCHEDULE, "UPDATE @.orders SET scheduled = 1"                               \
+                       " WHERE order_id = ANY ($1::text[]) AND scheduled = 0")           \
+    X(ORDER_PAY, "UPDATE @.orders SET status = 'paid', paid_at_ms = " NOW_MS             \
+                 " WHERE order_id = $1 AND status = 'pending' AND deadline_ms > " NOW_MS \
+                 " RETURNING order_id")                                                  \
+    X(ORDER_GET, "SELECT o.status, o.deadline_ms, o.created_at_ms, o.paid_at_ms,"        \
+                 " o.cancelled_at_ms, o.scheduled, " HOLDS_JSON                          \
+                 " FROM @.orders o WHERE o.order_id = $1")                               \
+    X(CANCEL_LOCK, "WITH l AS (SELECT order_id, status, deadline_ms FROM @.orders"       \
+                   " WHERE order_id = ANY ($1::text[]) ORDER BY order_id"                \
+                   " FOR NO KEY UPDATE SKIP LOCKED)"                                     \
+                   " SELECT " NOW_MS ", l.order_id, l.status, l.deadline_ms"             \
+                   " FROM (SELECT 1) AS one LEFT JOIN l ON true")                        \
+    X(ORDERS_EXIST, "SELECT order_id FROM @.orders WHERE order_id = ANY ($1::text[])")   \
+    X(ORDERS_CANCEL, "UPDATE @.orders SET status = 'cancelled', cancelled_at_ms = $2"    \
+                     " WHERE order_id = ANY ($1::text[]) AND status = 'pending'"         \
+                     " AND deadline_ms <= $2")                                           \
+    X(HOLDS_RELEASE, "UPDATE @.holds SET released_at_ms = $2"                            \
+                     " WHERE order_id = ANY ($1::text[]) AND released_at_ms IS NULL")    \
+    X(HOLDS_OF, "SELECT order_id, resource FROM @.holds"                                 \
+                " WHERE order_id = ANY ($1::text[]) ORDER BY order_id, resource")        \
+    X(EVENTS_INSERT, "INSERT INTO @.events (event_id, order_id, body, created_at_ms,"    \
+                     " claimed_until_ms) SELECT e, o, b, $4, $5 FROM"                    \
+                     " unnest($1::text[], $2::text[], $3::text[]) AS t (e, o, b)"        \
+                     " RETURNING seq, order_id")                                         \
+    X(ORDER_COUNT, "SELECT status, count(*) FROM @.orders GROUP BY status")              \
+    X(EVENTS_CLAIM, "WITH c AS (SELECT seq FROM @.events WHERE published_at_ms IS NULL"  \
+                    " AND (claimed_until_ms IS NULL OR claimed_until_ms <= " NOW_MS ")"  \
+                    " ORDER BY seq LIMIT $1 FOR UPDATE SKIP LOCKED)"                     \
+                    " UPDATE @.events e SET claimed_until_ms = " NOW_MS " + $2 FROM c"   \
+                    " WHERE e.seq = c.seq RETURNING e.seq, e.event_id, e.order_id,"      \
+                    " e.body")                                                           \
+    X(EVENTS_BY_SEQ, "SELECT seq, event_id, order_id, body FROM @.events"                \
+                     " WHERE seq = ANY ($1::bigint[]) AND published_at_ms IS NULL"       \
+                     " ORDER BY seq LIMIT $2")                                           \
+    X(EVENTS_PUBLISHED, "UPDATE @.events SET published_at_ms = " NOW_MS ","              \
+                        " claimed_until_ms = NULL"                                       \
+                        " WHERE seq = ANY ($1::bigint[]) AND published_at_ms IS NULL")   \
+    X(EVENTS_COUNT, "SELECT count(*) FROM @.events WHERE published_at_ms IS NULL")       \
+    X(PRUNE_ORDERS,                                                                      \
+      "DELETE FROM @.orders WHERE order_id IN (SELECT o.order_id"                        \
+      " FROM @.orders o WHERE o.status <> 'pending' AND o.deadline_ms < $1"              \
+      " AND coalesce(o.paid_at_ms, o.cancelled_at_ms) < $1"                              \
+      " AND NOT EXISTS (SELECT 1 FROM @.events e WHERE e.event_id ="                     \
+      " 'order.cancelled:' || o.order_id AND e.published_at_ms IS NULL)"                 \
+      " LIMIT $2"                                                                        \
+      " FOR UPDATE SKIP LOCKED)")                                                        \
+    X(PRUNE_EVENTS, "DELETE FROM @.events WHERE seq IN (SELECT seq FROM @.events"        \
+                    " WHERE published_at_ms < $1 LIMIT $2 FOR UPDATE SKIP LOCKED)")      \
+    X(PENDING_PAGE, "SELECT o.order_id, o.deadline_ms, o.created_at_ms, o.scheduled,"    \
+                    " CASE WHEN $6 THEN " HOLDS_JSON " END FROM @.orders o"              \
+                    " WHERE o.status = 'pending' AND (o.deadline_ms, o.order_id) >"      \
+                    " ($1, $2) AND o.deadline_ms < $3 AND o.created_at_ms < $4"          \
+                    " ORDER BY o.deadline_ms, o.order_id LIMIT $5")                      \
+    X(UNSCHEDULED_PAGE,                                                                  \
+      "SELECT o.order_id, o.deadline_ms, o.created_at_ms,"                               \
+      " o.scheduled, CASE WHEN $6 THEN " HOLDS_JSON " END"                               \
+      " FROM @.orders o WHERE o.status = 'pending'"                                      \
+      " AND o.scheduled = 0 AND (o.deadline_ms, o.order_id) > ($1, $2)"                  \
+      " AND o.deadline_ms < $3 AND o.created_at_ms < $4"                                 \
+      " ORDER BY o.deadline_ms, o.order_id LIMIT $5")                                    \
+    X(UNSCHEDULED_CLAIM, "WITH c AS (SELECT order_id FROM @.orders"                      \
+                         " WHERE status = 'pending' AND scheduled = 0"                   \
+                         " AND (deadline_ms, order_id) > ($1, $2) AND deadline_ms < $3"  \
+                         " AND created_at_ms < $4 AND (claimed_until_ms IS NULL"         \
+                         " OR claimed_until_ms <= " NOW_MS ")"                           \
+                         " ORDER BY deadline_ms, order_id LIMIT $5"                      \
+                         " FOR NO KEY UPDATE SKIP LOCKED)"                               \
+                         " UPDATE @.orders o SET claimed_until_ms = " NOW_MS " + $7"     \
+                         " FROM c WHERE o.order_id = c.order_id RETURNING o.order_id,"   \
+                         " o.deadline_ms, o.created_at_ms, o.scheduled,"                 \
+                         " CASE WHEN $6 THEN " HOLDS_JSON " END")
+
+typedef enum pg_stmt_id {
+#define PG_STMT_ENUM_(name, sql) PS_##name,
+    PG_STATEMENTS(PG_STMT_ENUM_)
+#undef PG_STMT_ENUM_
+        PS_COUNT_
+} pg_stmt_id_t;
+
+static const char *const PG_STMT_SQL[PS_COUNT_] = {
+#define PG_STMT_SQL_(name, sql) sql,
+    PG_STATEMENTS(PG_STMT_SQL_)
+#undef PG_STMT_SQL_
+};
+
+static const char *const PG_STMT_NAME[PS_COUNT_] = {
+#define PG_STMT_NAME_(name, sql) #name,
+    PG_STATEMENTS(PG_STMT_NAME_)
+#undef PG_STMT_NAME_
+};
+
+#endif
