@@ -273,9 +273,10 @@ LAPSE_API lapse_status_t lapse_store_events_count(lapse_store_t *store, int64_t 
  * Keep the tables from growing without bound: in one short transaction, delete at most
  * limit settled orders (paid or cancelled) whose deadline and settlement both lie before
  * before_ms and whose event, if any, is published, with their holds; and at most limit
- * outbox events published before before_ms. Pending orders and unpublished events are never touched. An expiry message
- * that arrives for a pruned order finds no order and is parked as unknown, so before_ms
- * should lie well behind anything still in flight (the consumer uses now - retention).
+ * outbox events published before before_ms. Pending orders and unpublished events are
+ * never touched. An expiry message that arrives for a pruned order finds no order and is
+ * parked as unknown, so before_ms should lie well behind anything still in flight (the
+ * consumer uses now - retention).
  * @param orders, events receive how many rows went (both may be NULL).
  * @return LAPSE_OK or a store error (LAPSE_ERR_STORE_BUSY is retriable).
  */
