@@ -254,8 +254,10 @@ static lapse_status_t settle(lapse_consumer_t *c, int64_t now,
 }
 
 /* Gather the facts of every delivery and have decision.c decide; log what needs no
- * forward. The consumer decides nothing itself. */
-static void decide(lapse_consumer_t *c, size_t n_items) {
+ * forward. The consumer decides nothing itself. now: the batch's decision clock, which
+ * times the wait of an undated delivery (the store settled it with LAPSE__NOTHING_DUE,
+ * so its now_ms says nothing of the time). */
+static void decide(lapse_consumer_t *c, int64_t now, size_t n_items) {
     for (size_t i = 0; i < c->n; i++) {
         delivery_t *d = &c->batch[i];
         if (!d->decoded) {
@@ -274,7 +276,7 @@ static void decide(lapse_consumer_t *c, size_t n_items) {
                             .settled = !c->item_failed[k],
                             .outcome = it->outcome,
                             .deadline_ms = it->deadline_ms,
-                            .now_ms = it->now_ms,
+                            .now_ms = it->now_ms != LAPSE__NOTHING_DUE ? it->now_ms : now,
                             .attempts = d->attempts,
                             .max_attempts = c->cfg->max_attempts};
         lapse__decide(&f, &d->verdict);
@@ -323,7 +325,7 @@ static lapse_status_t process(lapse_consumer_t *c, const volatile sig_atomic_t *
     if (rc != LAPSE_OK) {
         return rc; /* nothing acked: the broker redelivers the batch */
     }
-    decide(c, n_items);
+    decide(c, now, n_items);
     bool forwards = false;
     for (size_t i = 0; i < c->n; i++) {
         lapse__action_t a = c->batch[i].verdict.action;
