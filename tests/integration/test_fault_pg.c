@@ -426,7 +426,7 @@ static void test_through_pgbouncer_transaction_pooling(void **state) {
     fputs(ini, f);
     fclose(f);
     /* PgBouncer refuses to run as root; the cluster's own user runs it. */
-    char cmd[1024];
+    char cmd[3 * PATH_MAX + 128];
     snprintf(cmd, sizeof cmd,
              "chmod 0777 '%s' && chmod 0666 '%s'/*; runuser -u postgres -- "
              "/usr/sbin/pgbouncer -d '%s'",

@@ -5,6 +5,8 @@
 
 #include <lapse/store.h>
 
+#include "consumer_int.h"
+
 #include <amqp_tcp_socket.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -450,6 +452,10 @@ int64_t h_sql_int(h_ctx_t *h, const char *sql_fmt, ...) {
     int64_t v = sql_int_v(h, sql_fmt, ap);
     va_end(ap);
     return v;
+}
+
+int h_claim_wait_ms(const h_ctx_t *h) {
+    return h->pg ? LAPSE_STORE_EVENT_CLAIM_MS + CONSUMER_BACKLOG_EVERY_MS : 0;
 }
 
 bool h_store_exists(h_ctx_t *h) {

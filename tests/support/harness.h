@@ -119,6 +119,11 @@ size_t h_pay_in_time(h_ctx_t *h, int n, bool (*pick)(int));
  * command has opened the store there are no tables: the query fails and the test run
  * aborts with the error, on both backends. */
 int64_t h_sql_int(h_ctx_t *h, const char *sql_fmt, ...);
+/* How much longer than on SQLite the events of a consumer killed with SIGKILL may wait in
+ * the outbox before a live consumer publishes them: 0 on SQLite; on PostgreSQL the
+ * claim the killed one held on them (LAPSE_STORE_EVENT_CLAIM_MS) and a consumer's pass
+ * over the outbox backlog (CONSUMER_BACKLOG_EVERY_MS). */
+int h_claim_wait_ms(const h_ctx_t *h);
 /* Whether a lapse command has created the test's store yet (store_fixture.h's
  * sf_exists). */
 bool h_store_exists(h_ctx_t *h);
