@@ -20,6 +20,8 @@ struct sf_conn {
     PGconn *pg;
 };
 
+static int pg_set_schema(sf_conn_t *c, char *err, size_t cap);
+
 sf_backend_t sf_backend(void) {
     const char *v = getenv("LAPSE_TEST_STORE");
     if (v == NULL || v[0] == '\0' || strcmp(v, "sqlite") == 0) {
@@ -160,11 +162,7 @@ sf_conn_t *sf_connect(const sf_store_t *s, bool readonly, char *err, size_t cap)
             sf_close(c);
             return NULL;
         }
-        char *ident = PQescapeIdentifier(c->pg, schema(), strlen(schema()));
-        char sql[256];
-        snprintf(sql, sizeof sql, "SET search_path TO %s", ident ? ident : "lapse");
-        PQfreemem(ident);
-        if (sf_exec(c, sql, err, cap) != 0) {
+        if (pg_set_schema(c, err, cap) != 0) {
             sf_close(c);
             return NULL;
         }
@@ -188,8 +186,24 @@ void sf_close(sf_conn_t *c) {
     }
 }
 
-/* PostgreSQL: one statement's result, after a reconnect when the connection had broken
- * (a fault test restarts the cluster). NULL with err set on failure. */
+/* SET search_path to lapse's schema on a new or reset connection. */
+static int pg_set_schema(sf_conn_t *c, char *err, size_t cap) {
+    char *ident = PQescapeIdentifier(c->pg, schema(), strlen(schema()));
+    char sql[256];
+    snprintf(sql, sizeof sql, "SET search_path TO %s", ident ? ident : "lapse");
+    PQfreemem(ident);
+    PGresult *res = PQexec(c->pg, sql);
+    int rc = PQresultStatus(res) == PGRES_COMMAND_OK ? 0 : -1;
+    if (rc != 0) {
+        snprintf(err, cap, "%s: %s", sql, PQerrorMessage(c->pg));
+    }
+    PQclear(res);
+    return rc;
+}
+
+/* PostgreSQL: one statement's result. A connection the server dropped (a fault test
+ * restarts the cluster, or terminates backends) is opened again, for up to 30 s, and the
+ * statement run once more. NULL with err set on failure. */
 static PGresult *pg_run(sf_conn_t *c, const char *sql, ExecStatusType want, char *err,
                         size_t cap) {
     for (int attempt = 0;; attempt++) {
@@ -199,19 +213,28 @@ static PGresult *pg_run(sf_conn_t *c, const char *sql, ExecStatusType want, char
         }
         snprintf(err, cap, "%s: %s", sql,
                  res ? PQresultErrorMessage(res) : PQerrorMessage(c->pg));
+        /* The connection is lost when libpq says so, or (it may not know yet) when the
+         * error has no SQLSTATE from the server, or one of class 08 (connection) or 57P
+         * (the server shutting down). */
+        const char *state = res ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : NULL;
+        bool lost = PQstatus(c->pg) != CONNECTION_OK || state == NULL ||
+                    strncmp(state, "08", 2) == 0 || strncmp(state, "57P", 3) == 0;
         PQclear(res);
-        if (attempt > 0 || PQstatus(c->pg) != CONNECTION_BAD) {
+        if (!lost || attempt >= 60) {
             return NULL;
         }
-        PQreset(c->pg);
-        if (PQstatus(c->pg) != CONNECTION_OK) {
+        fprintf(stderr, "store_fixture: connection lost (%s); connecting again\n",
+                PQerrorMessage(c->pg));
+        do {
+            usleep(500 * 1000);
+            PQreset(c->pg);
+        } while (PQstatus(c->pg) != CONNECTION_OK && ++attempt < 60);
+        char set_err[512];
+        if (PQstatus(c->pg) == CONNECTION_OK &&
+            pg_set_schema(c, set_err, sizeof set_err) != 0) {
+            snprintf(err, cap, "%s", set_err);
             return NULL;
         }
-        char set[256];
-        char *ident = PQescapeIdentifier(c->pg, schema(), strlen(schema()));
-        snprintf(set, sizeof set, "SET search_path TO %s", ident ? ident : "lapse");
-        PQfreemem(ident);
-        PQclear(PQexec(c->pg, set));
     }
 }
 
