@@ -406,17 +406,21 @@ static void test_through_pgbouncer_transaction_pooling(void **state) {
     }
     h_ctx_t h;
     h_setup(&h, "pg-bouncer", "2s,3s", true);
-    char db[128], ini[4096];
+    char db[128], ini[4 * PATH_MAX];
     db_name(&h, db, sizeof db);
     int bouncer_port = atoi(port) + 100;
+    /* h_path's buffer is static: one copy per path. */
+    char users[PATH_MAX + 64], log[PATH_MAX + 64], pid[PATH_MAX + 64];
+    snprintf(users, sizeof users, "%s", h_path(&h, "users.txt"));
+    snprintf(log, sizeof log, "%s", h_path(&h, "pgbouncer.log"));
+    snprintf(pid, sizeof pid, "%s", h_path(&h, "pgbouncer.pid"));
     snprintf(ini, sizeof ini,
              "[databases]\n* = host=%s port=%s\n"
              "[pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = %d\n"
              "unix_socket_dir =\nauth_type = trust\nauth_file = %s\n"
              "pool_mode = transaction\ndefault_pool_size = 2\nmax_client_conn = 100\n"
              "logfile = %s\npidfile = %s\n",
-             host, port, bouncer_port, h_path(&h, "users.txt"),
-             h_path(&h, "pgbouncer.log"), h_path(&h, "pgbouncer.pid"));
+             host, port, bouncer_port, users, log, pid);
     FILE *f = fopen(h_path(&h, "users.txt"), "w");
     assert_non_null(f);
     fputs("\"postgres\" \"\"\n", f);
