@@ -23,6 +23,7 @@ int cli_exit_code(lapse_status_t rc) {
         case LAPSE_ERR_CONFIG_STORE:
         case LAPSE_ERR_CONFIG_UNKNOWN:
         case LAPSE_ERR_CONFIG_VALUE:
+        case LAPSE_ERR_CONFIG_MAP:
             return CLI_EXIT_USAGE;
         case LAPSE_ERR_STORE_CONFLICT:
         case LAPSE_ERR_STORE_STATE:
