@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT
  * Configuration properties: parsing, validation and the text form of each value. */
 #include "config_int.h"
+#include "store_int.h"
 
 #include <lapse/message.h>
 
@@ -142,13 +143,7 @@ static lapse_status_t set_store(lapse_config_t *cfg, const char *value,
 static lapse_status_t set_store_schema(lapse_config_t *cfg, const char *value,
                                        lapse_error_t *err) {
     size_t n = strlen(value);
-    bool ok =
-        n > 0 && n < sizeof cfg->store_schema && !(value[0] >= '0' && value[0] <= '9');
-    for (size_t i = 0; ok && i < n; i++) {
-        char c = value[i];
-        ok = (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_';
-    }
-    if (!ok || strncmp(value, "pg_", 3) == 0) {
+    if (!lapse__store_schema_valid(value) || n >= sizeof cfg->store_schema) {
         return lapse_error_set(err, LAPSE_ERR_CONFIG_STORE,
                                "store schema must be 1..%zu bytes of [a-z0-9_], not "
                                "starting with a digit or pg_",

@@ -152,6 +152,14 @@ static bool is_store_failure(lapse_status_t rc) {
  * failed (with why in its delivery's reason). A store that fails for the whole batch
  * marks them all; a statement that fails (not a busy store) is retried one item per
  * transaction, so that one poisoned order cannot hold back the others. */
+/* Mark item k of a settle as failed, with why in its delivery's reason. */
+static void item_fails(lapse_consumer_t *c, size_t k, lapse_status_t rc,
+                       const char *why) {
+    c->item_failed[k] = true;
+    delivery_t *d = &c->batch[c->item_of[k]];
+    snprintf(d->reason, sizeof d->reason, "%s: %s", lapse_status_name(rc), why);
+}
+
 static lapse_status_t settle_items(lapse_consumer_t *c, size_t first, size_t n,
                                    int64_t now, const volatile sig_atomic_t *stop,
                                    lapse_error_t *err) {
@@ -161,22 +169,10 @@ static lapse_status_t settle_items(lapse_consumer_t *c, size_t first, size_t n,
     }
     lapse_error_t why = {0};
     lapse_status_t rc = cancel_items(c, items, n, now, stop, &why);
-    if (rc == LAPSE_OK || n == 0) {
-        for (size_t k = 0; k < n; k++) {
-            if (items[k].outcome == LAPSE_CANCEL_BUSY) {
-                c->item_failed[first + k] = true;
-                delivery_t *d = &c->batch[c->item_of[first + k]];
-                snprintf(d->reason, sizeof d->reason,
-                         "%s: order %s is locked by another transaction",
-                         lapse_status_name(LAPSE_ERR_STORE_BUSY), items[k].order_id);
-            }
-        }
-        return LAPSE_OK;
-    }
-    if (!is_store_failure(rc)) {
+    if (rc != LAPSE_OK && n > 0 && !is_store_failure(rc)) {
         return lapse_error_set(err, rc, "%s", why.text);
     }
-    for (size_t k = 0; k < n; k++) {
+    for (size_t k = 0; rc != LAPSE_OK && k < n; k++) {
         lapse_error_t one = why;
         lapse_status_t orc = rc;
         if (rc != LAPSE_ERR_STORE_BUSY && n > 1) {
@@ -186,10 +182,16 @@ static lapse_status_t settle_items(lapse_consumer_t *c, size_t first, size_t n,
             }
         }
         if (orc != LAPSE_OK) {
-            c->item_failed[first + k] = true;
-            delivery_t *d = &c->batch[c->item_of[first + k]];
-            snprintf(d->reason, sizeof d->reason, "%s: %s", lapse_status_name(orc),
-                     one.text);
+            item_fails(c, first + k, orc, one.text);
+        }
+    }
+    /* A row locked by another transaction settled nothing: that order alone retries. */
+    for (size_t k = 0; k < n; k++) {
+        if (!c->item_failed[first + k] && items[k].outcome == LAPSE_CANCEL_BUSY) {
+            char text[LAPSE_ORDER_ID_MAX + 64];
+            snprintf(text, sizeof text, "order %s is locked by another transaction",
+                     items[k].order_id);
+            item_fails(c, first + k, LAPSE_ERR_STORE_BUSY, text);
         }
     }
     return LAPSE_OK;

@@ -160,6 +160,17 @@ static lapse_store_t *open_retrying(const char *uri, const lapse_store_options_t
     return store;
 }
 
+bool lapse__store_schema_valid(const char *name) {
+    size_t n = name != NULL ? strlen(name) : 0;
+    bool ok = n > 0 && n <= 63 && !(name[0] >= '0' && name[0] <= '9') &&
+              strncmp(name, "pg_", 3) != 0;
+    for (size_t i = 0; ok && i < n; i++) {
+        char c = name[i];
+        ok = (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_';
+    }
+    return ok;
+}
+
 lapse_store_t *lapse_store_open_opts(const char *uri, const lapse_store_options_t *opts,
                                      lapse_status_t *rc, lapse_error_t *err) {
     lapse_status_t ignored;
@@ -191,8 +202,10 @@ lapse_store_t *lapse_store_open_opts(const char *uri, const lapse_store_options_
         return open_retrying(uri, opts, false, rc, err);
     }
     if (has_prefix(uri, "postgres://") || has_prefix(uri, "postgresql://")) {
-        if (opts->schema == NULL || opts->schema[0] == '\0') {
-            *rc = lapse_error_set(err, LAPSE_ERR_CONFIG_STORE, "empty store schema");
+        if (!lapse__store_schema_valid(opts->schema)) {
+            *rc = lapse_error_set(err, LAPSE_ERR_CONFIG_STORE,
+                                  "store schema must be 1..63 bytes of [a-z0-9_], not "
+                                  "starting with a digit or pg_");
             return NULL;
         }
         return open_retrying(uri, opts, true, rc, err);

@@ -27,6 +27,10 @@ typedef struct lapse__order_page {
     size_t n, cap;
 } lapse__order_page_t;
 
+/** A schema name lapse accepts: [a-z_][a-z0-9_]{0,62}, not pg_*, so that it reads the
+ *  same quoted or not. */
+bool lapse__store_schema_valid(const char *name);
+
 /** "pending", "paid", "cancelled" -> status; LAPSE_ERR_STORE_SQL for anything else. */
 lapse_status_t lapse__order_status_parse(const char *text, lapse_order_status_t *out);
 

@@ -59,7 +59,9 @@ static bool retriable_state(const char *state) {
     return strncmp(state, "08", 2) == 0 || strncmp(state, "57P0", 4) == 0 ||
            strncmp(state, "40", 2) == 0 || strcmp(state, "53300") == 0 ||
            strcmp(state, "55P03") == 0 || strcmp(state, "57014") == 0 ||
-           strcmp(state, "25P03") == 0;
+           strcmp(state, "25P03") == 0 ||
+           /* a read-only standby after a failover to the same address */
+           strcmp(state, "25006") == 0;
 }
 
 /* The first line of libpq's message, without its trailing newline. */
@@ -86,10 +88,21 @@ static lapse_status_t fail_result(pg_store_t *s, const PGresult *res, const char
 /* ---- the connection ---- */
 
 static lapse_status_t connect_db(pg_store_t *s, lapse_error_t *err) {
-    /* Before dbname, so that the URI's own settings win. */
-    const char *const keys[] = {"connect_timeout", "fallback_application_name", "dbname",
-                                NULL};
-    const char *const values[] = {"10", "lapse", s->uri, NULL};
+    /* Defaults before dbname, so that the URI's own settings win. A network that goes
+     * silent fails a statement within about 15 s (keepalives, tcp_user_timeout) instead
+     * of TCP's quarter of an hour; a multi-host URI picks the primary. libpq's own
+     * PGCONNECT_TIMEOUT, when set, is left to decide. */
+    const char *keys[] = {
+        "fallback_application_name", "keepalives_idle",  "keepalives_interval",
+        "keepalives_count",          "tcp_user_timeout", "target_session_attrs",
+        "connect_timeout",           "dbname",           NULL};
+    const char *values[] = {"lapse",      "10", "5",    "2", "15000",
+                            "read-write", "10", s->uri, NULL};
+    if (getenv("PGCONNECT_TIMEOUT") != NULL) {
+        keys[6] = "dbname";
+        values[6] = s->uri;
+        keys[7] = values[7] = NULL;
+    }
     if (s->conn != NULL) {
         PQfinish(s->conn);
     }
@@ -101,9 +114,10 @@ static lapse_status_t connect_db(pg_store_t *s, lapse_error_t *err) {
         char msg[512];
         first_line(PQerrorMessage(s->conn), msg, sizeof msg);
         /* A server that is down, restarting or full is retriable; a URI libpq cannot
-         * parse, a wrong password or a missing database is not. */
+         * parse, a refused login or a missing database is not. */
         bool fatal =
-            strstr(msg, "invalid") != NULL || strstr(msg, "authentication") != NULL ||
+            PQconnectionNeedsPassword(s->conn) || strstr(msg, "invalid") != NULL ||
+            strstr(msg, "authentication") != NULL ||
             strstr(msg, "does not exist") != NULL || strstr(msg, "password") != NULL;
         return lapse_error_set(err, fatal ? LAPSE_ERR_STORE_OPEN : LAPSE_ERR_STORE_BUSY,
                                "PostgreSQL: %s", msg);
@@ -339,6 +353,17 @@ static bool id_fits(const pg_store_t *s, const char *order_id) {
     return s->map == NULL || lapse__pg_map_id_fits(s->map, order_id);
 }
 
+/* qsort has no context argument in C11: the batch being sorted (one thread per handle,
+ * but several handles may sort at once, hence thread-local). */
+static _Thread_local const lapse_new_order_t *sort_orders;
+
+static int by_order_id(const void *a, const void *b) {
+    size_t x = *(const size_t *)a, y = *(const size_t *)b;
+    int c = strcmp(sort_orders[x].order_id, sort_orders[y].order_id);
+    /* Stable: an id given twice is inserted as the caller gave it first. */
+    return c != 0 ? c : (x > y) - (x < y);
+}
+
 static lapse_status_t pg_insert_orders(lapse_store_t *store,
                                        const lapse_new_order_t *orders, size_t n,
                                        lapse_status_t *results, lapse_error_t *err) {
@@ -347,16 +372,29 @@ static lapse_status_t pg_insert_orders(lapse_store_t *store,
     arr_init(&ids);
     arr_init(&deadlines);
     arr_init(&created);
+    /* In id order: two batches that share ids then lock their rows in the same order and
+     * cannot deadlock each other. */
+    size_t *by_id = malloc((n > 0 ? n : 1) * sizeof *by_id);
+    if (by_id == NULL) {
+        return nomem(err, "insert_orders");
+    }
     for (size_t i = 0; i < n; i++) {
+        by_id[i] = i;
         /* An id the shop's table cannot hold (letters for an integer id) is no order. */
         results[i] =
             id_fits(s, orders[i].order_id) ? LAPSE_OK : LAPSE_ERR_STORE_NOT_FOUND;
+    }
+    sort_orders = orders;
+    qsort(by_id, n, sizeof *by_id, by_order_id);
+    for (size_t k = 0; k < n; k++) {
+        size_t i = by_id[k];
         if (results[i] == LAPSE_OK) {
             arr_text(&ids, orders[i].order_id);
             arr_int(&deadlines, orders[i].deadline_ms);
             arr_int(&created, orders[i].created_at_ms);
         }
     }
+    free(by_id);
     const char *params[3] = {arr_end(&ids), arr_end(&deadlines), arr_end(&created)};
     PGresult *fresh = NULL, *existing = NULL;
     arr_t hold_ids, hold_names;
@@ -1087,7 +1125,10 @@ static lapse_status_t migrate(pg_store_t *s, const char *quoted, bool must_exist
     }
     rc = end(s, rc, err);
     if (rc == LAPSE_ERR_STORE_SQL) {
-        err->code = rc = LAPSE_ERR_STORE_OPEN;
+        rc = LAPSE_ERR_STORE_OPEN;
+        if (err != NULL) {
+            err->code = rc;
+        }
     }
     return rc;
 }

@@ -74,7 +74,8 @@ static const char PG_SCHEMA_V2[] =
 
 /* The holds of order o as a JSON array text, sorted, or NULL when there are none. */
 #define HOLDS_JSON                                                                       \
-    "(SELECT json_agg(h.resource ORDER BY h.resource)::text FROM @.holds h"              \
+    "(SELECT json_agg(h.resource ORDER BY h.resource COLLATE \"C\")::text FROM @.holds " \
+    "h"                                                                                  \
     " WHERE h.order_id = o.order_id)"
 
 #define PG_STATEMENTS(X)                                                                 \
@@ -108,8 +109,9 @@ static const char PG_SCHEMA_V2[] =
                      " AND deadline_ms <= $2")                                           \
     X(HOLDS_RELEASE, "UPDATE @.holds SET released_at_ms = $2"                            \
                      " WHERE order_id = ANY ($1::text[]) AND released_at_ms IS NULL")    \
-    X(HOLDS_OF, "SELECT order_id, resource FROM @.holds"                                 \
-                " WHERE order_id = ANY ($1::text[]) ORDER BY order_id, resource")        \
+    X(HOLDS_OF,                                                                          \
+      "SELECT order_id, resource FROM @.holds"                                           \
+      " WHERE order_id = ANY ($1::text[]) ORDER BY order_id, resource COLLATE \"C\"")    \
     X(EVENTS_INSERT, "INSERT INTO @.events (event_id, order_id, body, created_at_ms,"    \
                      " claimed_until_ms) SELECT e, o, b, $4, $5 FROM"                    \
                      " unnest($1::text[], $2::text[], $3::text[]) AS t (e, o, b)"        \
