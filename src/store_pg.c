@@ -1191,13 +1191,17 @@ lapse_store_t *lapse__store_pg_open(const char *uri, const char *schema,
         pg_close(&s->base);
         return NULL;
     }
-    *rc = migrate(s, quoted, (flags & LAPSE_STORE_MUST_EXIST) != 0, err);
-    if (*rc == LAPSE_OK && orders_map != NULL) {
+    /* The map first: a mistake in it is the operator's to fix before anything else. */
+    *rc = LAPSE_OK;
+    if (orders_map != NULL) {
         s->map = lapse__pg_map_open(s->conn, orders_map, rc, err);
         if (s->map != NULL) {
             s->base.cls = &pg_map_class;
             s->base.warning = s->map->warning[0] != '\0' ? s->map->warning : NULL;
         }
+    }
+    if (*rc == LAPSE_OK) {
+        *rc = migrate(s, quoted, (flags & LAPSE_STORE_MUST_EXIST) != 0, err);
     }
     for (int i = 0; *rc == LAPSE_OK && i < PS_COUNT_; i++) {
         char *tmpl = statement_template(s, i);

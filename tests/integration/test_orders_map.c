@@ -93,16 +93,25 @@ static void write_map(h_ctx_t *h, const char *file, const char *json) {
     fclose(f);
 }
 
-/* lapse with the map: the global flags, then --orders-map, then args. */
+/* lapse with the map: the global flags, then --orders-map, then args (h_path's buffer
+ * is static: every path is copied before the next call). */
 static int lapse_mapped(h_ctx_t *h, char *out, size_t cap, const char *map, const char *a,
                         const char *b, const char *c) {
-    return h_lapse(h, out, cap, "--orders-map", h_path(h, map), a, b, c, NULL);
+    char map_path[PATH_MAX + 64], arg[3][PATH_MAX + 64];
+    const char *in[3] = {a, b, c};
+    for (int i = 0; i < 3; i++) {
+        snprintf(arg[i], sizeof arg[i], "%s", in[i] != NULL ? in[i] : "");
+    }
+    snprintf(map_path, sizeof map_path, "%s", h_path(h, map));
+    return h_lapse(h, out, cap, "--orders-map", map_path, a != NULL ? arg[0] : NULL,
+                   b != NULL ? arg[1] : NULL, c != NULL ? arg[2] : NULL, NULL);
 }
 
 static pid_t consumer(h_ctx_t *h, const char *map, const char *log,
                       const char *const *env) {
-    const char *args[] = {"--orders-map", h_path(h, map), "consume",
-                          "--prefetch",   "50",           NULL};
+    char map_path[PATH_MAX + 64];
+    snprintf(map_path, sizeof map_path, "%s", h_path(h, map));
+    const char *args[] = {"--orders-map", map_path, "consume", "--prefetch", "50", NULL};
     return env != NULL ? h_spawn_env(h, log, args, env) : h_spawn(h, log, args);
 }
 
@@ -179,18 +188,20 @@ static void test_shop_payments_race_the_consumers(void **state) {
     const char *logs[] = {"consumer-0.log", "consumer-1.log", NULL};
     pid_t c0 = consumer(&h, "map.json", logs[0], NULL);
     pid_t c1 = consumer(&h, "map.json", logs[1], NULL);
-    /* Every odd order's payment is tried, from a little before the deadline on, in a
-     * loop that the consumers overtake. */
+    /* Every odd order's payment is tried, from a quarter second before the deadline on,
+     * in a loop that the deadline and the consumers overtake. */
     int64_t due = h_sql_int(&h, "SELECT (extract(epoch FROM min(pay_deadline)) * 1000)"
                                 "::bigint FROM shop.orders");
-    while (h_now_ms() < due - 300) {
-        usleep(10000);
+    while (h_now_ms() < due - 250) {
+        usleep(5000);
     }
+    /* About one a millisecond, so that the payments run on past the deadline. */
     int64_t paid = 0, refused = 0;
     for (int i = 1; i <= n; i += 2) {
         int64_t won = h_sql_int(&h, SHOP_PAY, i);
         paid += won;
         refused += 1 - won;
+        usleep(1000);
     }
     assert_int_equal(
         h_wait_sql(&h, 0, h_ms(30000),
