@@ -153,6 +153,17 @@ static lapse_status_t set_store_schema(lapse_config_t *cfg, const char *value,
     return LAPSE_OK;
 }
 
+/* The path of an orders map; read and checked when the store opens. */
+static lapse_status_t set_orders_map(lapse_config_t *cfg, const char *value,
+                                     lapse_error_t *err) {
+    if (!copy_field(cfg->orders_map, sizeof cfg->orders_map, value)) {
+        return lapse_error_set(err, LAPSE_ERR_CONFIG_MAP,
+                               "orders map path is longer than %zu bytes",
+                               sizeof cfg->orders_map - 1);
+    }
+    return LAPSE_OK;
+}
+
 static lapse_status_t set_prefix(lapse_config_t *cfg, const char *value,
                                  lapse_error_t *err) {
     size_t n = strlen(value);
@@ -327,6 +338,8 @@ static const prop_t props[] = {
      set_store, NULL},
     {"store_schema", "LAPSE_STORE_SCHEMA", "lapse", PROP_CUSTOM, FIELD(store_schema), 0,
      0, NULL, set_store_schema, NULL},
+    {"orders_map", "LAPSE_ORDERS_MAP", "", PROP_CUSTOM, FIELD(orders_map), 0, 0, NULL,
+     set_orders_map, NULL},
     {"prefix", "LAPSE_PREFIX", "lapse", PROP_CUSTOM, FIELD(prefix), 0, 0, NULL,
      set_prefix, NULL},
     {"classes", "LAPSE_CLASSES", "30m", PROP_CUSTOM, FIELD(classes_text), 0, 0, NULL,

@@ -147,7 +147,8 @@ static lapse_store_t *open_retrying(const char *uri, const lapse_store_options_t
     lapse_store_t *store = NULL;
     for (unsigned attempt = 0; attempt < OPEN_ATTEMPTS; attempt++) {
         store =
-            pg ? lapse__store_pg_open(uri, opts->schema, opts->flags, rc, err)
+            pg ? lapse__store_pg_open(uri, opts->schema, opts->orders_map, opts->flags,
+                                      rc, err)
                : lapse__store_sqlite_open(uri + strlen("sqlite:"), opts->flags, rc, err);
         /* A PostgreSQL server that is down is not waited for here: the caller decides
          * (the consumer retries with backoff, a CLI command reports it). */
@@ -187,6 +188,12 @@ lapse_store_t *lapse_store_open_opts(const char *uri, const lapse_store_options_
         return NULL;
     }
     if (has_prefix(uri, "sqlite:")) {
+        if (opts->orders_map != NULL) {
+            *rc = lapse_error_set(
+                err, LAPSE_ERR_CONFIG_MAP,
+                "an orders map needs a PostgreSQL store (postgresql://...)");
+            return NULL;
+        }
         if (uri[strlen("sqlite:")] == '\0') {
             *rc = lapse_error_set(err, LAPSE_ERR_CONFIG_STORE,
                                   "store URI \"sqlite:\" needs a path");
@@ -210,6 +217,14 @@ lapse_store_t *lapse_store_open_opts(const char *uri, const lapse_store_options_
                           "postgresql://...)",
                           (int)(scheme < 32 ? scheme : 32), uri);
     return NULL;
+}
+
+bool lapse_store_orders_mapped(const lapse_store_t *store) {
+    return store != NULL && store->cls->orders_mapped;
+}
+
+const char *lapse_store_warning(const lapse_store_t *store) {
+    return store != NULL ? store->warning : NULL;
 }
 
 bool lapse_store_has_clock(const lapse_store_t *store) {
@@ -267,6 +282,12 @@ lapse_status_t lapse_store_insert_orders(lapse_store_t *store,
             !lapse_order_id_is_valid(order->order_id, strlen(order->order_id))) {
             return lapse_error_set(err, LAPSE_ERR_INVALID, "order %zu: invalid order id",
                                    i);
+        }
+        if (order->n_holds > 0 && store->cls->orders_mapped) {
+            return lapse_error_set(err, LAPSE_ERR_INVALID,
+                                   "order %s: holds are not kept with an orders map (its "
+                                   "on_cancel statements release what an order held)",
+                                   order->order_id);
         }
         if (order->n_holds > 0 && order->holds == NULL) {
             return lapse_error_set(err, LAPSE_ERR_INVALID, "order %s: holds is NULL",
