@@ -50,6 +50,10 @@
  * turn again. */
 #define CONSUMER_SWEEP_CHUNK     1000
 #define CONSUMER_SWEEP_BUDGET_MS 2000
+/* Pruning (--retention) rides on a sweep this often, the first this long after start:
+ * it is never urgent, and a write that waits on a locked SQLite store holds the
+ * consumer's loop. */
+#define CONSUMER_PRUNE_EVERY_MS (10 * 60 * 1000)
 /* Busy retries of one batch in process (each may wait out SQLite's 5 s busy timeout)
  * before its deliveries take the retry path. */
 #define CONSUMER_STORE_ATTEMPTS 2
@@ -104,6 +108,7 @@ struct lapse_consumer {
     int64_t backlog_at;    /* mono: next look at the outbox */
     int64_t out_polled_at; /* mono: last heartbeat service of the publishing connection */
     int64_t sweep_at;      /* mono: next sweep (0: at start) */
+    int64_t prune_at;      /* mono: the next sweep that also prunes (0: not set yet) */
     const char *sweep_skipped; /* why direct cancels were last skipped, to log changes */
     lapse__clock_t clock;      /* the broker-clock floor (decision.c) */
     bool stepped;              /* the wall clock stepped and no sample came since */

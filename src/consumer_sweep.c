@@ -46,7 +46,13 @@ void lapse__consumer_sweep(lapse_consumer_t *c, bool broker_up) {
     lapse_sweep_opts_init(&opts);
     opts.grace_ms = c->cfg->sweep_grace_ms;
     opts.in_flight_ms = c->cfg->sweep_in_flight_ms;
-    opts.retention_ms = c->cfg->retention_ms;
+    if (c->prune_at == 0) {
+        c->prune_at = lapse__time_add(mono, CONSUMER_PRUNE_EVERY_MS);
+    }
+    if (mono >= c->prune_at) {
+        opts.retention_ms = c->cfg->retention_ms;
+        c->prune_at = lapse__time_add(mono, CONSUMER_PRUNE_EVERY_MS);
+    }
     opts.max_orders = CONSUMER_SWEEP_CHUNK;
     opts.events = false;        /* the consumer publishes the outbox itself */
     opts.republish = broker_up; /* publishing needs the broker */

@@ -123,16 +123,26 @@ lapse_status_t lapse__events_relay(lapse__broker_t *broker, lapse_store_t *store
 
     /* Mark what the broker took, also after a failure: each row marked now is one
      * duplicate fewer downstream. The confirmed rows are compacted into seqs. */
-    size_t n_ok = 0;
+    size_t n_ok = 0, n_back = 0;
+    int64_t *back = malloc((r.n > 0 ? r.n : 1) * sizeof *back);
     for (size_t i = 0; i < r.n; i++) {
         if (r.outcome[i] == LAPSE_OK) {
             r.seqs[n_ok++] = r.seqs[i];
-        } else if (r.outcome[i] == LAPSE_ERR_BROKER_RETURNED) {
+            continue;
+        }
+        if (r.outcome[i] == LAPSE_ERR_BROKER_RETURNED) {
             report->returned++;
         } else {
             report->failed++;
         }
+        if (back != NULL) {
+            back[n_back++] = r.seqs[i];
+        }
     }
+    /* Not published: their claim goes back, so that the next round (any relay's) takes
+     * them without waiting it out. */
+    lapse_store_events_release(store, back, n_back, NULL);
+    free(back);
     report->read = r.n;
     if (n_ok > 0) {
         lapse_error_t mark_err = {0};

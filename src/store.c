@@ -369,6 +369,18 @@ lapse_status_t lapse_store_count(lapse_store_t *store, int64_t counts[3],
     return store->cls->count(store, counts, err);
 }
 
+lapse_status_t lapse_store_events_release(lapse_store_t *store, const int64_t *seqs,
+                                          size_t n, lapse_error_t *err) {
+    lapse_error_clear(err);
+    if (store == NULL || (n > 0 && seqs == NULL)) {
+        return invalid(err, "events_release: NULL argument");
+    }
+    if (n == 0 || store->cls->events_release == NULL) {
+        return LAPSE_OK;
+    }
+    return store->cls->events_release(store, seqs, n, err);
+}
+
 lapse_status_t lapse_store_prune(lapse_store_t *store, int64_t before_ms, size_t limit,
                                  int64_t *orders, int64_t *events, lapse_error_t *err) {
     int64_t ignored[2];
@@ -503,10 +515,22 @@ lapse_status_t lapse_store_events_pending(lapse_store_t *store, size_t limit,
     lapse__event_list_t list = {0};
     lapse_status_t rc =
         store->cls->events_pending(store, limit, seqs, n_unique, &list, err);
-    for (size_t i = 0; rc == LAPSE_OK && i < list.n; i++) {
-        if (cb(opaque, &list.items[i]) != 0) {
+    size_t passed = 0;
+    while (rc == LAPSE_OK && passed < list.n) {
+        if (cb(opaque, &list.items[passed++]) != 0) {
             break;
         }
+    }
+    /* What the callback never saw goes back at once (a claim is for events in hand). */
+    if (passed < list.n && store->cls->events_release != NULL) {
+        int64_t *rest = malloc((list.n - passed) * sizeof *rest);
+        for (size_t i = passed; rest != NULL && i < list.n; i++) {
+            rest[i - passed] = list.items[i].seq;
+        }
+        if (rest != NULL) {
+            store->cls->events_release(store, rest, list.n - passed, NULL);
+        }
+        free(rest);
     }
     lapse__event_list_free(&list);
     free(seqs);

@@ -89,6 +89,10 @@ typedef struct lapse__store_class {
                                      lapse__event_list_t *out, lapse_error_t *err);
     lapse_status_t (*events_mark_published)(lapse_store_t *store, const int64_t *seqs,
                                             size_t n, int64_t now_ms, lapse_error_t *err);
+    /* Drop the claims on these events (lapse_store_events_release); NULL: the store
+     * claims nothing. */
+    lapse_status_t (*events_release)(lapse_store_t *store, const int64_t *seqs, size_t n,
+                                     lapse_error_t *err);
     /* The number of unpublished events, in one read. */
     lapse_status_t (*events_count)(lapse_store_t *store, int64_t *pending,
                                    lapse_error_t *err);

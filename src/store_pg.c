@@ -875,6 +875,23 @@ static lapse_status_t pg_events_mark_published(lapse_store_t *store, const int64
     return end(s, rc, err);
 }
 
+static lapse_status_t pg_events_release(lapse_store_t *store, const int64_t *seqs,
+                                        size_t n, lapse_error_t *err) {
+    pg_store_t *s = as_pg(store);
+    arr_t list;
+    arr_init(&list);
+    for (size_t i = 0; i < n; i++) {
+        arr_int(&list, seqs[i]);
+    }
+    const char *p[1] = {arr_end(&list)};
+    lapse_status_t rc = p[0] != NULL ? ensure_conn(s, err) : nomem(err, "events");
+    if (rc == LAPSE_OK) {
+        rc = exec_v(s, PS_EVENTS_RELEASE, NULL, 1, p, err);
+    }
+    arr_free(&list);
+    return rc;
+}
+
 static lapse_status_t pg_events_count(lapse_store_t *store, int64_t *pending,
                                       lapse_error_t *err) {
     pg_store_t *s = as_pg(store);
@@ -1137,7 +1154,8 @@ static lapse_status_t migrate(pg_store_t *s, const char *quoted, bool must_exist
     .now = pg_now, .insert_orders = pg_insert_orders,                                    \
     .mark_scheduled = pg_mark_scheduled, .pay = pg_pay, .cancel_batch = pg_cancel_batch, \
     .get = pg_get, .count = pg_count, .events_pending = pg_events_pending,               \
-    .events_mark_published = pg_events_mark_published, .events_count = pg_events_count,  \
+    .events_mark_published = pg_events_mark_published,                                   \
+    .events_release = pg_events_release, .events_count = pg_events_count,                \
     .pending_page = pg_pending_page, .prune = pg_prune, .close = pg_close
 
 /* The same functions on the shop's table: the statements differ (store_pg_sql.h), and

@@ -129,6 +129,8 @@ static const char PG_SCHEMA_V2[] =
     X(EVENTS_PUBLISHED, "UPDATE @.events SET published_at_ms = " NOW_MS ","              \
                         " claimed_until_ms = NULL"                                       \
                         " WHERE seq = ANY ($1::bigint[]) AND published_at_ms IS NULL")   \
+    X(EVENTS_RELEASE, "UPDATE @.events SET claimed_until_ms = NULL"                      \
+                      " WHERE seq = ANY ($1::bigint[]) AND published_at_ms IS NULL")     \
     X(EVENTS_COUNT, "SELECT count(*) FROM @.events WHERE published_at_ms IS NULL")       \
     X(PRUNE_ORDERS,                                                                      \
       "DELETE FROM @.orders WHERE order_id IN (SELECT o.order_id"                        \

@@ -241,28 +241,28 @@ static void prune(sweep_t *s, int64_t now) {
     s->part_failed = false;
     int64_t before = lapse__time_add(now, -s->opts->retention_ms);
     size_t max = s->opts->max_orders;
-    for (unsigned attempt = 0; !s->stopped;) {
+    while (!s->stopped) {
         size_t done = (size_t)(s->report->pruned_orders > s->report->pruned_events
                                    ? s->report->pruned_orders
                                    : s->report->pruned_events);
-        size_t limit = max > 0 && max - done < PRUNE_BATCH ? max - done : PRUNE_BATCH;
         if (max > 0 && done >= max) {
             s->report->more = true;
             return;
         }
+        size_t limit = max > 0 && max - done < PRUNE_BATCH ? max - done : PRUNE_BATCH;
         int64_t orders = 0, events = 0;
         lapse_error_t err = {0};
         lapse_status_t rc =
             lapse_store_prune(s->store, before, limit, &orders, &events, &err);
-        if (rc == LAPSE_ERR_STORE_BUSY && ++attempt < STORE_ATTEMPTS && !progress(s)) {
-            lapse__sleep_ms(lapse__backoff_ms(attempt, 50, 2000), NULL);
-            continue;
+        if (rc == LAPSE_ERR_STORE_BUSY) {
+            /* Never urgent: a later run prunes, and a busy store is not kept waiting. */
+            lapse__log(s->cfg, LAPSE_LOG_INFO, "event=prune_deferred reason=store_busy");
+            return;
         }
         if (rc != LAPSE_OK) {
             part_fail(s, rc, err.text);
             return;
         }
-        attempt = 0;
         s->report->pruned_orders += (uint64_t)orders;
         s->report->pruned_events += (uint64_t)events;
         if ((size_t)orders < limit && (size_t)events < limit) {

@@ -286,6 +286,17 @@ LAPSE_API lapse_status_t lapse_store_events_count(lapse_store_t *store, int64_t 
                                                   lapse_error_t *err);
 
 /**
+ * Give back the claim on events a walk handed out that were not published (returned by
+ * the broker, refused, never sent), so that the next walk, any relay's, takes them at
+ * once instead of after LAPSE_STORE_EVENT_CLAIM_MS. Events the callback of
+ * lapse_store_events_pending() never saw (it stopped the walk) are given back by the walk
+ * itself. A no-op on a store that claims nothing (SQLite).
+ */
+LAPSE_API lapse_status_t lapse_store_events_release(lapse_store_t *store,
+                                                    const int64_t *seqs, size_t n,
+                                                    lapse_error_t *err);
+
+/**
  * Keep the tables from growing without bound: in one short transaction, delete at most
  * limit settled orders (paid or cancelled) whose deadline and settlement both lie before
  * before_ms and whose event, if any, is published, with their holds; and at most limit
