@@ -349,6 +349,22 @@ static lapse_status_t pg_now(lapse_store_t *store, int64_t *now_ms, lapse_error_
 
 /* ---- orders ---- */
 
+/* Statement id with one array parameter, the literal in list (freed here): in a
+ * transaction of its own, for its lock_timeout (a row someone holds fails it as
+ * retriable after 2 s instead of stalling it), or alone. */
+static lapse_status_t exec_list(pg_store_t *s, pg_stmt_id_t id, arr_t *list, bool txn,
+                                lapse_error_t *err) {
+    const char *p[1] = {arr_end(list)};
+    lapse_status_t rc = p[0] == NULL ? nomem(err, PG_STMT_NAME[id])
+                        : txn        ? begin(s, err)
+                                     : ensure_conn(s, err);
+    if (rc == LAPSE_OK) {
+        rc = exec_v(s, id, NULL, 1, p, err);
+    }
+    arr_free(list);
+    return txn ? end(s, rc, err) : rc;
+}
+
 static bool id_fits(const pg_store_t *s, const char *order_id) {
     return s->map == NULL || lapse__pg_map_id_fits(s->map, order_id);
 }
@@ -475,15 +491,7 @@ static lapse_status_t pg_mark_scheduled(lapse_store_t *store,
     for (size_t i = 0; i < n; i++) {
         arr_text(&ids, order_ids[i]);
     }
-    const char *params[1] = {arr_end(&ids)};
-    /* In a transaction of its own for its lock_timeout: a row someone holds (the shop's
-     * long transaction) fails this as retriable after 2 s instead of stalling. */
-    lapse_status_t rc = params[0] != NULL ? begin(s, err) : nomem(err, "mark_scheduled");
-    if (rc == LAPSE_OK) {
-        rc = exec_v(s, PS_ORDERS_SCHEDULE, NULL, 1, params, err);
-    }
-    arr_free(&ids);
-    return end(s, rc, err);
+    return exec_list(s, PS_ORDERS_SCHEDULE, &ids, true, err);
 }
 
 /* Reads one order (and its holds) in one statement, so both come from one snapshot. */
@@ -866,13 +874,7 @@ static lapse_status_t pg_events_mark_published(lapse_store_t *store, const int64
     for (size_t i = 0; i < n; i++) {
         arr_int(&list, seqs[i]);
     }
-    const char *p[1] = {arr_end(&list)};
-    lapse_status_t rc = p[0] != NULL ? begin(s, err) : nomem(err, "events");
-    if (rc == LAPSE_OK) {
-        rc = exec_v(s, PS_EVENTS_PUBLISHED, NULL, 1, p, err);
-    }
-    arr_free(&list);
-    return end(s, rc, err);
+    return exec_list(s, PS_EVENTS_PUBLISHED, &list, true, err);
 }
 
 static lapse_status_t pg_events_release(lapse_store_t *store, const int64_t *seqs,
@@ -883,13 +885,7 @@ static lapse_status_t pg_events_release(lapse_store_t *store, const int64_t *seq
     for (size_t i = 0; i < n; i++) {
         arr_int(&list, seqs[i]);
     }
-    const char *p[1] = {arr_end(&list)};
-    lapse_status_t rc = p[0] != NULL ? ensure_conn(s, err) : nomem(err, "events");
-    if (rc == LAPSE_OK) {
-        rc = exec_v(s, PS_EVENTS_RELEASE, NULL, 1, p, err);
-    }
-    arr_free(&list);
-    return rc;
+    return exec_list(s, PS_EVENTS_RELEASE, &list, false, err);
 }
 
 static lapse_status_t pg_events_count(lapse_store_t *store, int64_t *pending,

@@ -76,14 +76,6 @@ static int64_t cancelled(h_ctx_t *h) {
     return h_sql_int(h, "SELECT count(*) FROM orders WHERE status='cancelled'");
 }
 
-static void skip_unless_pg(void) {
-    const char *store = getenv("LAPSE_TEST_STORE");
-    if (store == NULL || strcmp(store, "postgresql") != 0) {
-        fprintf(stderr, "skipped: PostgreSQL faults need LAPSE_TEST_STORE=postgresql\n");
-        skip();
-    }
-}
-
 /* Publish n orders, pay every fourth in time, start one consumer with small batches. */
 static pid_t start_flow(h_ctx_t *h, int n, size_t *paid, const char *log) {
     static const char *const timeouts[] = {"2s", "3s", "4s", "5s"};
@@ -117,7 +109,7 @@ static size_t store_failures(h_ctx_t *h, const char *log) {
 
 static void test_server_stopped_immediately_mid_flow(void **state) {
     (void)state;
-    skip_unless_pg();
+    H_SKIP_UNLESS_PG("PostgreSQL faults");
     h_ctx_t h;
     h_setup(&h, "pg-restart", "2s,3s,4s,5s", true);
     const int n = 400;
@@ -143,7 +135,7 @@ static void test_server_stopped_immediately_mid_flow(void **state) {
 
 static void test_backends_terminated_mid_batch(void **state) {
     (void)state;
-    skip_unless_pg();
+    H_SKIP_UNLESS_PG("PostgreSQL faults");
     h_ctx_t h;
     h_setup(&h, "pg-terminate", "2s,3s,4s,5s", true);
     const int n = 400;
@@ -169,7 +161,7 @@ static void test_backends_terminated_mid_batch(void **state) {
  * ord-0 alone waits (retry path) and is cancelled once the lock is gone. */
 static void test_row_locked_for_30s_holds_up_only_its_order(void **state) {
     (void)state;
-    skip_unless_pg();
+    H_SKIP_UNLESS_PG("PostgreSQL faults");
     h_ctx_t h;
     h_setup(&h, "pg-rowlock", "3s", true);
     const int n = 40;
@@ -229,7 +221,7 @@ static void test_row_locked_for_30s_holds_up_only_its_order(void **state) {
  * consumers and each other for the same orders), one SIGKILLed mid-flow. */
 static void test_three_sweeping_consumers_one_killed(void **state) {
     (void)state;
-    skip_unless_pg();
+    H_SKIP_UNLESS_PG("PostgreSQL faults");
     h_ctx_t h;
     h_setup(&h, "pg-three", "2s,3s,4s,5s", true);
     const int n = 600;
@@ -307,7 +299,7 @@ static void clock_round(h_ctx_t *h, int first, int half, const char *const *env,
  * because the server's clock decides and its own is never asked. */
 static void test_wrong_host_clocks_cannot_cancel_early(void **state) {
     (void)state;
-    skip_unless_pg();
+    H_SKIP_UNLESS_PG("PostgreSQL faults");
     if (!h_faketime_available()) {
         fprintf(stderr, "skipped: libfaketime is not installed (scripts/setup)\n");
         skip();
@@ -347,7 +339,7 @@ static void test_wrong_host_clocks_cannot_cancel_early(void **state) {
  * binary is then refused with one clear line. */
 static void test_schema_created_once_by_racing_processes(void **state) {
     (void)state;
-    skip_unless_pg();
+    H_SKIP_UNLESS_PG("PostgreSQL faults");
     h_ctx_t h;
     h_setup(&h, "pg-schema", "30m", true);
     enum { RACERS = 6 };
@@ -390,7 +382,7 @@ static void db_name(const h_ctx_t *h, char *out, size_t cap) {
  * session state may leak from one transaction to the next. */
 static void test_through_pgbouncer_transaction_pooling(void **state) {
     (void)state;
-    skip_unless_pg();
+    H_SKIP_UNLESS_PG("PostgreSQL faults");
     const char *host = getenv("LAPSE_TEST_PG_HOST");
     const char *port = getenv("LAPSE_TEST_PG_PORT");
     assert_non_null(host);
@@ -476,7 +468,7 @@ static void test_through_pgbouncer_transaction_pooling(void **state) {
  * PGDATABASE naming the test's database, reaches the same store. */
 static void test_pg_environment_variables(void **state) {
     (void)state;
-    skip_unless_pg();
+    H_SKIP_UNLESS_PG("PostgreSQL faults");
     h_ctx_t h;
     h_setup(&h, "pg-env", "30m", true);
     assert_int_equal(h_lapse(&h, NULL, 0, "publish", "env-1", "--timeout", "1h", NULL),

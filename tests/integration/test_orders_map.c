@@ -35,14 +35,6 @@
     " AND status = 'unpaid' AND pay_deadline > now() RETURNING 1) SELECT count(*) FROM " \
     "u"
 
-static void skip_unless_pg(void) {
-    const char *store = getenv("LAPSE_TEST_STORE");
-    if (store == NULL || strcmp(store, "postgresql") != 0) {
-        fprintf(stderr, "skipped: an orders map needs LAPSE_TEST_STORE=postgresql\n");
-        skip();
-    }
-}
-
 /* Orders first..last placed now, due after window_ms, each with one item (qty 1..3 of
  * one of five skus, taken from stock) and one seat. */
 static void add_orders(h_ctx_t *h, int first, int last, int window_ms) {
@@ -176,7 +168,7 @@ static size_t count_in(h_ctx_t *h, const char *const *logs, const char *needle) 
  * deadline: exactly one wins each order, and paid orders are never cancelled. */
 static void test_shop_payments_race_the_consumers(void **state) {
     (void)state;
-    skip_unless_pg();
+    H_SKIP_UNLESS_PG("orders maps");
     h_ctx_t h;
     h_setup(&h, "map-race", "3s", true);
     const int n = 1000;
@@ -224,7 +216,7 @@ static void test_shop_payments_race_the_consumers(void **state) {
 /* Each mistake in a map is one line naming it, and exit 2. */
 static void test_map_errors_are_one_line_and_exit_2(void **state) {
     (void)state;
-    skip_unless_pg();
+    H_SKIP_UNLESS_PG("orders maps");
     h_ctx_t h;
     h_setup(&h, "map-errors", "30m", true);
     make_shop(&h, 1, 60000);
@@ -275,7 +267,7 @@ static void test_map_errors_are_one_line_and_exit_2(void **state) {
  * database's error; the other orders are cancelled, nothing is half done. */
 static void test_failing_on_cancel_rolls_back_and_parks(void **state) {
     (void)state;
-    skip_unless_pg();
+    H_SKIP_UNLESS_PG("orders maps");
     h_ctx_t h;
     h_setup(&h, "map-failing", "2s", true);
     const int n = 20;
@@ -329,7 +321,7 @@ static void test_failing_on_cancel_rolls_back_and_parks(void **state) {
  * unpaid order cancelled once, with its release. */
 static void test_competing_consumers_and_a_crash(void **state) {
     (void)state;
-    skip_unless_pg();
+    H_SKIP_UNLESS_PG("orders maps");
     h_ctx_t h;
     h_setup(&h, "map-crash", "3s", true);
     const int n = 600;
@@ -367,7 +359,7 @@ static void test_competing_consumers_and_a_crash(void **state) {
  * form (created_at + 3s). */
 static void test_wrong_clocks_and_a_window_deadline(void **state) {
     (void)state;
-    skip_unless_pg();
+    H_SKIP_UNLESS_PG("orders maps");
     if (!h_faketime_available()) {
         fprintf(stderr, "skipped: libfaketime is not installed (scripts/setup)\n");
         skip();

@@ -71,6 +71,18 @@ void h_teardown(h_ctx_t *h);
         }                                                                                \
     } while (0)
 
+/* For tests (cmocka included before this header) that are about PostgreSQL alone: on any
+ * other store, print why and skip (before h_setup). */
+#define H_SKIP_UNLESS_PG(why)                                                            \
+    do {                                                                                 \
+        const char *store_ = getenv("LAPSE_TEST_STORE");                                 \
+        if (store_ == NULL || strcmp(store_, "postgresql") != 0) {                       \
+            printf("skipped: %s need LAPSE_TEST_STORE=postgresql\n", why);               \
+            fflush(stdout);                                                              \
+            skip();                                                                      \
+        }                                                                                \
+    } while (0)
+
 /* Run `lapse <global flags> args... (NULL-terminated)`, stdout into out (may be NULL),
  * stderr appended to <dir>/cli.log. Returns the exit code (-1 when it did not exit). */
 int h_lapse(h_ctx_t *h, char *out, size_t cap, ...);
