@@ -61,9 +61,12 @@ bool lapse__consumer_events(lapse_consumer_t *c, const int64_t *only, size_t n_o
     }
     lapse__relay_report_t report;
     if (c->events_attempt > 0) {
-        /* The oldest event in the outbox goes first, alone: when it is returned again,
-         * one publish was wasted, not a thousand. */
-        if (!relay_round(c, NULL, 0, 1, &report)) {
+        /* One event goes first, alone: when it is returned again, one publish was
+         * wasted, not a thousand. One this consumer owes when it owes any: a store
+         * shared by many hosts keeps those claimed for their owner, so a walk of the
+         * outbox would find nothing and prove nothing. */
+        const int64_t *probe = c->n_owed > 0 ? c->owed : NULL;
+        if (!relay_round(c, probe, probe != NULL ? 1 : 0, 1, &report)) {
             return false;
         }
         c->events_attempt = 0;

@@ -603,21 +603,52 @@ static lapse_status_t pg_count(lapse_store_t *store, int64_t counts[3],
 
 /* ---- cancellation ---- */
 
-static lapse_cancel_item_t *find_item(lapse_cancel_item_t *items, size_t n,
-                                      const char *id) {
-    for (size_t i = 0; i < n; i++) {
-        if (strcmp(items[i].order_id, id) == 0) {
-            return &items[i];
+/* The batch's items by order id (then position), so that each row the database returns
+ * finds its items by binary search, not by a walk of the batch. */
+typedef struct by_id {
+    const char *id;
+    size_t i;
+} by_id_t;
+
+static int by_id_cmp(const void *a, const void *b) {
+    const by_id_t *x = a, *y = b;
+    int c = strcmp(x->id, y->id);
+    return c != 0 ? c : (x->i > y->i) - (x->i < y->i);
+}
+
+/* The first entry of index (n entries) with id, or n when there is none. */
+static size_t first_of(const by_id_t *index, size_t n, const char *id) {
+    size_t lo = 0, hi = n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (strcmp(index[mid].id, id) < 0) {
+            lo = mid + 1;
+        } else {
+            hi = mid;
         }
     }
-    return NULL;
+    return lo < n && strcmp(index[lo].id, id) == 0 ? lo : n;
+}
+
+/* The first row (of n, column 0 sorted byte-wise) whose value is id, or n. */
+static int first_row(const PGresult *res, int n, const char *id) {
+    int lo = 0, hi = n;
+    while (lo < hi) {
+        int mid = lo + (hi - lo) / 2;
+        if (strcmp(PQgetvalue(res, mid, 0), id) < 0) {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    return lo < n && strcmp(PQgetvalue(res, lo, 0), id) == 0 ? lo : n;
 }
 
 /* The events of the cancelled items: bodies built from each order's holds (HOLDS_OF,
  * sorted by order then resource), inserted in one statement, seqs written back. */
 static lapse_status_t record_events(pg_store_t *s, lapse_cancel_item_t *items, size_t n,
-                                    const char *ids_lit, int64_t now,
-                                    lapse_error_t *err) {
+                                    const by_id_t *index, const char *ids_lit,
+                                    int64_t now, lapse_error_t *err) {
     PGresult *holds = NULL, *ins = NULL;
     const char *p1[1] = {ids_lit};
     lapse_status_t rc = exec_v(s, PS_HOLDS_OF, &holds, 1, p1, err);
@@ -632,14 +663,12 @@ static lapse_status_t record_events(pg_store_t *s, lapse_cancel_item_t *items, s
         if (it->outcome != LAPSE_CANCEL_DONE) {
             continue;
         }
-        /* This order's holds: HOLDS_OF is sorted, but items are in the caller's order. */
+        /* This order's holds: HOLDS_OF is sorted by order id, byte-wise. */
         char *names[64];
         char **hold = names;
         size_t n_hold = 0, cap = sizeof names / sizeof names[0];
-        for (row = 0; row < nrows; row++) {
-            if (strcmp(PQgetvalue(holds, row, 0), it->order_id) != 0) {
-                continue;
-            }
+        for (row = first_row(holds, nrows, it->order_id);
+             row < nrows && strcmp(PQgetvalue(holds, row, 0), it->order_id) == 0; row++) {
             if (n_hold == cap) {
                 char **grown = malloc(2 * cap * sizeof(char *));
                 if (grown == NULL) {
@@ -684,9 +713,9 @@ static lapse_status_t record_events(pg_store_t *s, lapse_cancel_item_t *items, s
                                      : nomem(err, "cancel: events");
     }
     for (int r = 0; rc == LAPSE_OK && ins != NULL && r < PQntuples(ins); r++) {
-        lapse_cancel_item_t *it = find_item(items, n, PQgetvalue(ins, r, 1));
-        if (it != NULL) {
-            it->event_seq = col_int(ins, r, 0);
+        size_t k = first_of(index, n, PQgetvalue(ins, r, 1));
+        if (k < n) {
+            items[index[k].i].event_seq = col_int(ins, r, 0);
         }
     }
     PQclear(holds);
@@ -700,6 +729,14 @@ static lapse_status_t record_events(pg_store_t *s, lapse_cancel_item_t *items, s
 static lapse_status_t pg_cancel_batch(lapse_store_t *store, lapse_cancel_item_t *items,
                                       size_t n, int64_t now_ms, lapse_error_t *err) {
     pg_store_t *s = as_pg(store);
+    by_id_t *index = malloc(n * sizeof *index);
+    if (index == NULL) {
+        return nomem(err, "cancel_batch");
+    }
+    for (size_t i = 0; i < n; i++) {
+        index[i] = (by_id_t){.id = items[i].order_id, .i = i};
+    }
+    qsort(index, n, sizeof *index, by_id_cmp);
     arr_t ids, due;
     arr_init(&ids);
     arr_init(&due);
@@ -740,16 +777,14 @@ static lapse_status_t pg_cancel_batch(lapse_store_t *store, lapse_cancel_item_t 
             break;
         }
         int64_t deadline = col_int(locked, r, 3);
-        for (size_t i = 0; i < n; i++) {
-            lapse_cancel_item_t *it = &items[i];
-            if (strcmp(it->order_id, id) != 0) {
-                continue;
-            }
+        /* Every item of this order; a duplicate id in one batch is cancelled once, by
+         * its first item, and the others are no-ops. */
+        for (size_t k = first_of(index, n, id); k < n && strcmp(index[k].id, id) == 0;
+             k++) {
+            lapse_cancel_item_t *it = &items[index[k].i];
+            bool first = k == 0 || strcmp(index[k - 1].id, id) != 0;
             it->deadline_ms = deadline;
             if (status == LAPSE_ORDER_PENDING && now != 0 && deadline <= now) {
-                /* A duplicate id in one batch is cancelled once; the second is a no-op.
-                 */
-                bool first = find_item(items, n, id) == it;
                 it->outcome = first ? LAPSE_CANCEL_DONE : LAPSE_CANCEL_NOOP_CANCELLED;
                 if (first) {
                     arr_text(&due, id);
@@ -766,10 +801,11 @@ static lapse_status_t pg_cancel_batch(lapse_store_t *store, lapse_cancel_item_t 
         PGresult *exist = NULL;
         rc = exec_v(s, PS_ORDERS_EXIST, &exist, 1, p1, err);
         for (int r = 0; rc == LAPSE_OK && r < PQntuples(exist); r++) {
-            for (size_t i = 0; i < n; i++) {
-                if (strcmp(items[i].order_id, PQgetvalue(exist, r, 0)) == 0 &&
-                    items[i].outcome == LAPSE_CANCEL_UNKNOWN) {
-                    items[i].outcome = LAPSE_CANCEL_BUSY;
+            const char *id = PQgetvalue(exist, r, 0);
+            for (size_t k = first_of(index, n, id); k < n && strcmp(index[k].id, id) == 0;
+                 k++) {
+                if (items[index[k].i].outcome == LAPSE_CANCEL_UNKNOWN) {
+                    items[index[k].i].outcome = LAPSE_CANCEL_BUSY;
                 }
             }
         }
@@ -801,12 +837,13 @@ static lapse_status_t pg_cancel_batch(lapse_store_t *store, lapse_cancel_item_t 
             }
         }
         if (rc == LAPSE_OK) {
-            rc = record_events(s, items, n, due_lit, now, err);
+            rc = record_events(s, items, n, index, due_lit, now, err);
         }
     }
     PQclear(locked);
     arr_free(&ids);
     arr_free(&due);
+    free(index);
     rc = end(s, rc, err);
     if (rc != LAPSE_OK) {
         for (size_t i = 0; i < n; i++) {

@@ -104,9 +104,9 @@ static const char PG_SCHEMA_V2[] =
                    " SELECT " NOW_MS ", l.order_id, l.status, l.deadline_ms"             \
                    " FROM (SELECT 1) AS one LEFT JOIN l ON true")                        \
     X(ORDERS_EXIST, "SELECT order_id FROM @.orders WHERE order_id = ANY ($1::text[])")   \
-    X(ORDERS_CANCEL, "UPDATE @.orders SET status = 'cancelled', cancelled_at_ms = $2"    \
-                     " WHERE order_id = ANY ($1::text[]) AND status = 'pending'"         \
-                     " AND deadline_ms <= $2")                                           \
+    X(ORDERS_CANCEL, "UPDATE @.orders o SET status = 'cancelled', cancelled_at_ms = $2"  \
+                     " FROM unnest($1::text[]) AS t (id) WHERE o.order_id = t.id"        \
+                     " AND o.status = 'pending' AND o.deadline_ms <= $2")                \
     X(HOLDS_RELEASE, "UPDATE @.holds SET released_at_ms = $2"                            \
                      " WHERE order_id = ANY ($1::text[]) AND released_at_ms IS NULL")    \
     X(HOLDS_OF,                                                                          \
