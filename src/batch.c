@@ -53,9 +53,9 @@ lapse_status_t lapse_batch_line_parse(const char *line, size_t len, int64_t now_
 
     json_t *timeout = json_object_get(root, "timeout");
     json_t *deadline = json_object_get(root, "deadline");
-    if ((timeout != NULL) == (deadline != NULL)) {
+    if (timeout != NULL && deadline != NULL) {
         return fail(out, root, LAPSE_ERR_MSG_FIELD, err,
-                    "give exactly one of \"timeout\" and \"deadline\"");
+                    "give one of \"timeout\" and \"deadline\", not both");
     }
     if (timeout) {
         if (!json_is_string(timeout) ||
@@ -79,9 +79,10 @@ lapse_status_t lapse_batch_line_parse(const char *line, size_t len, int64_t now_
             return fail(out, root, LAPSE_ERR_CONFIG_DURATION, err,
                         "\"timeout\" puts the deadline past 9999-12-31");
         }
-    } else if (!json_is_string(deadline) ||
-               lapse_time_parse_rfc3339(json_string_value(deadline), &out->deadline_ms) !=
-                   LAPSE_OK) {
+    } else if (deadline != NULL &&
+               (!json_is_string(deadline) ||
+                lapse_time_parse_rfc3339(json_string_value(deadline),
+                                         &out->deadline_ms) != LAPSE_OK)) {
         return fail(out, root, LAPSE_ERR_MSG_TIME, err,
                     "\"deadline\" must be an RFC 3339 time");
     }

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT
  * Configuration properties: parsing, validation and the text form of each value. */
 #include "config_int.h"
+#include "store_int.h"
 
 #include <lapse/message.h>
 
@@ -142,19 +143,24 @@ static lapse_status_t set_store(lapse_config_t *cfg, const char *value,
 static lapse_status_t set_store_schema(lapse_config_t *cfg, const char *value,
                                        lapse_error_t *err) {
     size_t n = strlen(value);
-    bool ok =
-        n > 0 && n < sizeof cfg->store_schema && !(value[0] >= '0' && value[0] <= '9');
-    for (size_t i = 0; ok && i < n; i++) {
-        char c = value[i];
-        ok = (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_';
-    }
-    if (!ok || strncmp(value, "pg_", 3) == 0) {
+    if (!lapse__store_schema_valid(value) || n >= sizeof cfg->store_schema) {
         return lapse_error_set(err, LAPSE_ERR_CONFIG_STORE,
                                "store schema must be 1..%zu bytes of [a-z0-9_], not "
                                "starting with a digit or pg_",
                                sizeof cfg->store_schema - 1);
     }
     memcpy(cfg->store_schema, value, n + 1);
+    return LAPSE_OK;
+}
+
+/* The path of an orders map; read and checked when the store opens. */
+static lapse_status_t set_orders_map(lapse_config_t *cfg, const char *value,
+                                     lapse_error_t *err) {
+    if (!copy_field(cfg->orders_map, sizeof cfg->orders_map, value)) {
+        return lapse_error_set(err, LAPSE_ERR_CONFIG_MAP,
+                               "orders map path is longer than %zu bytes",
+                               sizeof cfg->orders_map - 1);
+    }
     return LAPSE_OK;
 }
 
@@ -332,6 +338,8 @@ static const prop_t props[] = {
      set_store, NULL},
     {"store_schema", "LAPSE_STORE_SCHEMA", "lapse", PROP_CUSTOM, FIELD(store_schema), 0,
      0, NULL, set_store_schema, NULL},
+    {"orders_map", "LAPSE_ORDERS_MAP", "", PROP_CUSTOM, FIELD(orders_map), 0, 0, NULL,
+     set_orders_map, NULL},
     {"prefix", "LAPSE_PREFIX", "lapse", PROP_CUSTOM, FIELD(prefix), 0, 0, NULL,
      set_prefix, NULL},
     {"classes", "LAPSE_CLASSES", "30m", PROP_CUSTOM, FIELD(classes_text), 0, 0, NULL,

@@ -152,6 +152,14 @@ static bool is_store_failure(lapse_status_t rc) {
  * failed (with why in its delivery's reason). A store that fails for the whole batch
  * marks them all; a statement that fails (not a busy store) is retried one item per
  * transaction, so that one poisoned order cannot hold back the others. */
+/* Mark item k of a settle as failed, with why in its delivery's reason. */
+static void item_fails(lapse_consumer_t *c, size_t k, lapse_status_t rc,
+                       const char *why) {
+    c->item_failed[k] = true;
+    delivery_t *d = &c->batch[c->item_of[k]];
+    snprintf(d->reason, sizeof d->reason, "%s: %s", lapse_status_name(rc), why);
+}
+
 static lapse_status_t settle_items(lapse_consumer_t *c, size_t first, size_t n,
                                    int64_t now, const volatile sig_atomic_t *stop,
                                    lapse_error_t *err) {
@@ -161,22 +169,10 @@ static lapse_status_t settle_items(lapse_consumer_t *c, size_t first, size_t n,
     }
     lapse_error_t why = {0};
     lapse_status_t rc = cancel_items(c, items, n, now, stop, &why);
-    if (rc == LAPSE_OK || n == 0) {
-        for (size_t k = 0; k < n; k++) {
-            if (items[k].outcome == LAPSE_CANCEL_BUSY) {
-                c->item_failed[first + k] = true;
-                delivery_t *d = &c->batch[c->item_of[first + k]];
-                snprintf(d->reason, sizeof d->reason,
-                         "%s: order %s is locked by another transaction",
-                         lapse_status_name(LAPSE_ERR_STORE_BUSY), items[k].order_id);
-            }
-        }
-        return LAPSE_OK;
-    }
-    if (!is_store_failure(rc)) {
+    if (rc != LAPSE_OK && n > 0 && !is_store_failure(rc)) {
         return lapse_error_set(err, rc, "%s", why.text);
     }
-    for (size_t k = 0; k < n; k++) {
+    for (size_t k = 0; rc != LAPSE_OK && k < n; k++) {
         lapse_error_t one = why;
         lapse_status_t orc = rc;
         if (rc != LAPSE_ERR_STORE_BUSY && n > 1) {
@@ -186,10 +182,16 @@ static lapse_status_t settle_items(lapse_consumer_t *c, size_t first, size_t n,
             }
         }
         if (orc != LAPSE_OK) {
-            c->item_failed[first + k] = true;
-            delivery_t *d = &c->batch[c->item_of[first + k]];
-            snprintf(d->reason, sizeof d->reason, "%s: %s", lapse_status_name(orc),
-                     one.text);
+            item_fails(c, first + k, orc, one.text);
+        }
+    }
+    /* A row locked by another transaction settled nothing: that order alone retries. */
+    for (size_t k = 0; k < n; k++) {
+        if (!c->item_failed[first + k] && items[k].outcome == LAPSE_CANCEL_BUSY) {
+            char text[LAPSE_ORDER_ID_MAX + 64];
+            snprintf(text, sizeof text, "order %s is locked by another transaction",
+                     items[k].order_id);
+            item_fails(c, first + k, LAPSE_ERR_STORE_BUSY, text);
         }
     }
     return LAPSE_OK;
@@ -254,8 +256,10 @@ static lapse_status_t settle(lapse_consumer_t *c, int64_t now,
 }
 
 /* Gather the facts of every delivery and have decision.c decide; log what needs no
- * forward. The consumer decides nothing itself. */
-static void decide(lapse_consumer_t *c, size_t n_items) {
+ * forward. The consumer decides nothing itself. now: the batch's decision clock, which
+ * times the wait of an undated delivery (the store settled it with LAPSE__NOTHING_DUE,
+ * so its now_ms says nothing of the time). */
+static void decide(lapse_consumer_t *c, int64_t now, size_t n_items) {
     for (size_t i = 0; i < c->n; i++) {
         delivery_t *d = &c->batch[i];
         if (!d->decoded) {
@@ -274,7 +278,7 @@ static void decide(lapse_consumer_t *c, size_t n_items) {
                             .settled = !c->item_failed[k],
                             .outcome = it->outcome,
                             .deadline_ms = it->deadline_ms,
-                            .now_ms = it->now_ms,
+                            .now_ms = it->now_ms != LAPSE__NOTHING_DUE ? it->now_ms : now,
                             .attempts = d->attempts,
                             .max_attempts = c->cfg->max_attempts};
         lapse__decide(&f, &d->verdict);
@@ -323,7 +327,7 @@ static lapse_status_t process(lapse_consumer_t *c, const volatile sig_atomic_t *
     if (rc != LAPSE_OK) {
         return rc; /* nothing acked: the broker redelivers the batch */
     }
-    decide(c, n_items);
+    decide(c, now, n_items);
     bool forwards = false;
     for (size_t i = 0; i < c->n; i++) {
         lapse__action_t a = c->batch[i].verdict.action;

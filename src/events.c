@@ -13,7 +13,6 @@
 /* The outcome of a publish the broker has not settled yet. */
 #define UNSETTLED LAPSE_ERR_BROKER_TIMEOUT
 /* The longest a round of a drain waits for its confirms. */
-#define ROUND_CONFIRM_MS 30000
 
 typedef struct relay {
     lapse__broker_t *broker;
@@ -179,7 +178,7 @@ lapse_status_t lapse__events_drain(lapse__broker_t *broker, lapse_store_t *store
         lapse__relay_report_t one;
         lapse_status_t rc = lapse__events_relay(
             broker, store, exchange, NULL, 0, round,
-            left < ROUND_CONFIRM_MS ? left : ROUND_CONFIRM_MS, &one, err);
+            left < LAPSE__EVENTS_WAIT_MS ? left : LAPSE__EVENTS_WAIT_MS, &one, err);
         lapse__relay_report_add(total, &one);
         if (rc != LAPSE_OK || one.returned > 0 || one.read < round) {
             return rc;

@@ -12,6 +12,8 @@
 
 /* Events published in one round: one confirmed batch and one store write. */
 #define LAPSE__EVENTS_ROUND 1000
+/* How long one round waits for its confirms. */
+#define LAPSE__EVENTS_WAIT_MS 30000
 
 /* What one or more rounds did. */
 typedef struct lapse__relay_report {

@@ -147,7 +147,8 @@ static lapse_store_t *open_retrying(const char *uri, const lapse_store_options_t
     lapse_store_t *store = NULL;
     for (unsigned attempt = 0; attempt < OPEN_ATTEMPTS; attempt++) {
         store =
-            pg ? lapse__store_pg_open(uri, opts->schema, opts->flags, rc, err)
+            pg ? lapse__store_pg_open(uri, opts->schema, opts->orders_map, opts->flags,
+                                      rc, err)
                : lapse__store_sqlite_open(uri + strlen("sqlite:"), opts->flags, rc, err);
         /* A PostgreSQL server that is down is not waited for here: the caller decides
          * (the consumer retries with backoff, a CLI command reports it). */
@@ -157,6 +158,17 @@ static lapse_store_t *open_retrying(const char *uri, const lapse_store_options_t
         lapse__sleep_ms(lapse__backoff_ms(attempt, 20, 1000), NULL);
     }
     return store;
+}
+
+bool lapse__store_schema_valid(const char *name) {
+    size_t n = name != NULL ? strlen(name) : 0;
+    bool ok = n > 0 && n <= 63 && !(name[0] >= '0' && name[0] <= '9') &&
+              strncmp(name, "pg_", 3) != 0;
+    for (size_t i = 0; ok && i < n; i++) {
+        char c = name[i];
+        ok = (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_';
+    }
+    return ok;
 }
 
 lapse_store_t *lapse_store_open_opts(const char *uri, const lapse_store_options_t *opts,
@@ -176,6 +188,12 @@ lapse_store_t *lapse_store_open_opts(const char *uri, const lapse_store_options_
         return NULL;
     }
     if (has_prefix(uri, "sqlite:")) {
+        if (opts->orders_map != NULL) {
+            *rc = lapse_error_set(
+                err, LAPSE_ERR_CONFIG_MAP,
+                "an orders map needs a PostgreSQL store (postgresql://...)");
+            return NULL;
+        }
         if (uri[strlen("sqlite:")] == '\0') {
             *rc = lapse_error_set(err, LAPSE_ERR_CONFIG_STORE,
                                   "store URI \"sqlite:\" needs a path");
@@ -184,8 +202,10 @@ lapse_store_t *lapse_store_open_opts(const char *uri, const lapse_store_options_
         return open_retrying(uri, opts, false, rc, err);
     }
     if (has_prefix(uri, "postgres://") || has_prefix(uri, "postgresql://")) {
-        if (opts->schema == NULL || opts->schema[0] == '\0') {
-            *rc = lapse_error_set(err, LAPSE_ERR_CONFIG_STORE, "empty store schema");
+        if (!lapse__store_schema_valid(opts->schema)) {
+            *rc = lapse_error_set(err, LAPSE_ERR_CONFIG_STORE,
+                                  "store schema must be 1..63 bytes of [a-z0-9_], not "
+                                  "starting with a digit or pg_");
             return NULL;
         }
         return open_retrying(uri, opts, true, rc, err);
@@ -197,6 +217,14 @@ lapse_store_t *lapse_store_open_opts(const char *uri, const lapse_store_options_
                           "postgresql://...)",
                           (int)(scheme < 32 ? scheme : 32), uri);
     return NULL;
+}
+
+bool lapse_store_orders_mapped(const lapse_store_t *store) {
+    return store != NULL && store->cls->orders_mapped;
+}
+
+const char *lapse_store_warning(const lapse_store_t *store) {
+    return store != NULL ? store->warning : NULL;
 }
 
 bool lapse_store_has_clock(const lapse_store_t *store) {
@@ -254,6 +282,12 @@ lapse_status_t lapse_store_insert_orders(lapse_store_t *store,
             !lapse_order_id_is_valid(order->order_id, strlen(order->order_id))) {
             return lapse_error_set(err, LAPSE_ERR_INVALID, "order %zu: invalid order id",
                                    i);
+        }
+        if (order->n_holds > 0 && store->cls->orders_mapped) {
+            return lapse_error_set(err, LAPSE_ERR_INVALID,
+                                   "order %s: holds are not kept with an orders map (its "
+                                   "on_cancel statements release what an order held)",
+                                   order->order_id);
         }
         if (order->n_holds > 0 && order->holds == NULL) {
             return lapse_error_set(err, LAPSE_ERR_INVALID, "order %s: holds is NULL",

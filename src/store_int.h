@@ -27,6 +27,10 @@ typedef struct lapse__order_page {
     size_t n, cap;
 } lapse__order_page_t;
 
+/** A schema name lapse accepts: [a-z_][a-z0-9_]{0,62}, not pg_*, so that it reads the
+ *  same quoted or not. */
+bool lapse__store_schema_valid(const char *name);
+
 /** "pending", "paid", "cancelled" -> status; LAPSE_ERR_STORE_SQL for anything else. */
 lapse_status_t lapse__order_status_parse(const char *text, lapse_order_status_t *out);
 
@@ -59,6 +63,9 @@ lapse_cancel_outcome_t lapse__cancel_verdict(lapse_order_status_t status);
  */
 typedef struct lapse__store_class {
     const char *name; /* "sqlite", used in messages */
+    /* Orders and their deadlines are the shop's (an orders map): lapse_store_get gives
+     * the deadline to publish, and orders carry no holds (on_cancel releases). */
+    bool orders_mapped;
     /* The store's own clock (lapse_store_has_clock); NULL: the host's wall clock, and
      * pay and cancel_batch decide by the now_ms they are given. */
     lapse_status_t (*now)(lapse_store_t *store, int64_t *now_ms, lapse_error_t *err);
@@ -105,6 +112,7 @@ typedef struct lapse__store_class {
  * (rabbitmq-c's amqp_socket_t), so a lapse_store_t * converts to the backend's type. */
 struct lapse_store {
     const lapse__store_class_t *cls;
+    const char *warning; /* lapse_store_warning(); owned by the backend, NULL: none */
 };
 
 /**
@@ -118,12 +126,14 @@ lapse_store_t *lapse__store_sqlite_open(const char *path, unsigned flags,
 
 /**
  * Open the PostgreSQL backend on a libpq connection URI, with lapse's tables in schema
- * (created or migrated under an advisory lock; a newer one is refused). flags as
+ * (created or migrated under an advisory lock; a newer one is refused). orders_map: the
+ * path of an orders map (the shop's own table holds the orders), or NULL. flags as
  * lapse_store_open_flags().
  * @return new handle, or NULL with *rc and err set (LAPSE_ERR_STORE_MISSING, _OPEN,
  * _BUSY when the server is unreachable or shutting down, LAPSE_ERR_NOMEM).
  */
-lapse_store_t *lapse__store_pg_open(const char *uri, const char *schema, unsigned flags,
+lapse_store_t *lapse__store_pg_open(const char *uri, const char *schema,
+                                    const char *orders_map, unsigned flags,
                                     lapse_status_t *rc, lapse_error_t *err);
 
 #endif

@@ -12,6 +12,7 @@
 
 #include "clock_int.h"
 #include "store_int.h"
+#include "store_pg_map_int.h"
 
 #include "store_pg_sql.h"
 
@@ -30,6 +31,16 @@ typedef struct pg_store {
     char *sql[PS_COUNT_];    /* PG_STMT_SQL with the schema filled in */
     int64_t clock_server_ms; /* the server's clock read at clock_mono_ms */
     int64_t clock_mono_ms;   /* 0: never read */
+    /* The shop's own orders table (--orders-map), or NULL: lapse's own orders. */
+    lapse__pg_map_t *map;
+    int n_own[PS_COUNT_]; /* parameters the caller binds; the map's values follow */
+    bool mapped[PS_COUNT_];
+    /* The exact deadline of the last order a mapped pending page returned, so that the
+     * next page starts exactly after it (the cursor the caller keeps is in whole ms). */
+    char cursor_exact[64]; /* its deadline column's text */
+    char cursor_id[LAPSE_ORDER_ID_MAX + 1];
+    int64_t cursor_ms;
+    char cursor_ts[64]; /* the {CURSOR} value of the statement running, "" for NULL */
 } pg_store_t;
 
 static pg_store_t *as_pg(lapse_store_t *store) {
@@ -48,7 +59,9 @@ static bool retriable_state(const char *state) {
     return strncmp(state, "08", 2) == 0 || strncmp(state, "57P0", 4) == 0 ||
            strncmp(state, "40", 2) == 0 || strcmp(state, "53300") == 0 ||
            strcmp(state, "55P03") == 0 || strcmp(state, "57014") == 0 ||
-           strcmp(state, "25P03") == 0;
+           strcmp(state, "25P03") == 0 ||
+           /* a read-only standby after a failover to the same address */
+           strcmp(state, "25006") == 0;
 }
 
 /* The first line of libpq's message, without its trailing newline. */
@@ -75,10 +88,21 @@ static lapse_status_t fail_result(pg_store_t *s, const PGresult *res, const char
 /* ---- the connection ---- */
 
 static lapse_status_t connect_db(pg_store_t *s, lapse_error_t *err) {
-    /* Before dbname, so that the URI's own settings win. */
-    const char *const keys[] = {"connect_timeout", "fallback_application_name", "dbname",
-                                NULL};
-    const char *const values[] = {"10", "lapse", s->uri, NULL};
+    /* Defaults before dbname, so that the URI's own settings win. A network that goes
+     * silent fails a statement within about 15 s (keepalives, tcp_user_timeout) instead
+     * of TCP's quarter of an hour; a multi-host URI picks the primary. libpq's own
+     * PGCONNECT_TIMEOUT, when set, is left to decide. */
+    const char *keys[] = {
+        "fallback_application_name", "keepalives_idle",  "keepalives_interval",
+        "keepalives_count",          "tcp_user_timeout", "target_session_attrs",
+        "connect_timeout",           "dbname",           NULL};
+    const char *values[] = {"lapse",      "10", "5",    "2", "15000",
+                            "read-write", "10", s->uri, NULL};
+    if (getenv("PGCONNECT_TIMEOUT") != NULL) {
+        keys[6] = "dbname";
+        values[6] = s->uri;
+        keys[7] = values[7] = NULL;
+    }
     if (s->conn != NULL) {
         PQfinish(s->conn);
     }
@@ -90,9 +114,10 @@ static lapse_status_t connect_db(pg_store_t *s, lapse_error_t *err) {
         char msg[512];
         first_line(PQerrorMessage(s->conn), msg, sizeof msg);
         /* A server that is down, restarting or full is retriable; a URI libpq cannot
-         * parse, a wrong password or a missing database is not. */
+         * parse, a refused login or a missing database is not. */
         bool fatal =
-            strstr(msg, "invalid") != NULL || strstr(msg, "authentication") != NULL ||
+            PQconnectionNeedsPassword(s->conn) || strstr(msg, "invalid") != NULL ||
+            strstr(msg, "authentication") != NULL ||
             strstr(msg, "does not exist") != NULL || strstr(msg, "password") != NULL;
         return lapse_error_set(err, fatal ? LAPSE_ERR_STORE_OPEN : LAPSE_ERR_STORE_BUSY,
                                "PostgreSQL: %s", msg);
@@ -117,7 +142,26 @@ static lapse_status_t exec_v(pg_store_t *s, pg_stmt_id_t id, PGresult **out, int
     if (out != NULL) {
         *out = NULL;
     }
-    PGresult *res = PQexecParams(s->conn, s->sql[id], n, NULL, params, NULL, NULL, 0);
+    const char *all[16];
+    Oid types[16] = {0};
+    if (s->mapped[id]) {
+        /* The map's values follow the caller's parameters, typed, so that a statement
+         * that does not use one of them still parses. */
+        for (int i = 0; i < n; i++) {
+            all[i] = params[i];
+        }
+        for (int v = 0; v < LAPSE__MAP_N_VALUES; v++) {
+            all[n + v] = s->map->values[v];
+            types[n + v] = s->map->value_types[v];
+        }
+        if (s->cursor_ts[0] != '\0') {
+            all[n + LAPSE__MAP_V_CURSOR] = s->cursor_ts;
+        }
+        params = all;
+        n += LAPSE__MAP_N_VALUES;
+    }
+    PGresult *res = PQexecParams(s->conn, s->sql[id], n, s->mapped[id] ? types : NULL,
+                                 params, NULL, NULL, 0);
     ExecStatusType st = res != NULL ? PQresultStatus(res) : PGRES_FATAL_ERROR;
     if (st != PGRES_COMMAND_OK && st != PGRES_TUPLES_OK) {
         lapse_status_t rc = fail_result(s, res, PG_STMT_NAME[id], err);
@@ -305,6 +349,21 @@ static lapse_status_t pg_now(lapse_store_t *store, int64_t *now_ms, lapse_error_
 
 /* ---- orders ---- */
 
+static bool id_fits(const pg_store_t *s, const char *order_id) {
+    return s->map == NULL || lapse__pg_map_id_fits(s->map, order_id);
+}
+
+/* qsort has no context argument in C11: the batch being sorted (one thread per handle,
+ * but several handles may sort at once, hence thread-local). */
+static _Thread_local const lapse_new_order_t *sort_orders;
+
+static int by_order_id(const void *a, const void *b) {
+    size_t x = *(const size_t *)a, y = *(const size_t *)b;
+    int c = strcmp(sort_orders[x].order_id, sort_orders[y].order_id);
+    /* Stable: an id given twice is inserted as the caller gave it first. */
+    return c != 0 ? c : (x > y) - (x < y);
+}
+
 static lapse_status_t pg_insert_orders(lapse_store_t *store,
                                        const lapse_new_order_t *orders, size_t n,
                                        lapse_status_t *results, lapse_error_t *err) {
@@ -313,12 +372,29 @@ static lapse_status_t pg_insert_orders(lapse_store_t *store,
     arr_init(&ids);
     arr_init(&deadlines);
     arr_init(&created);
-    for (size_t i = 0; i < n; i++) {
-        arr_text(&ids, orders[i].order_id);
-        arr_int(&deadlines, orders[i].deadline_ms);
-        arr_int(&created, orders[i].created_at_ms);
-        results[i] = LAPSE_OK;
+    /* In id order: two batches that share ids then lock their rows in the same order and
+     * cannot deadlock each other. */
+    size_t *by_id = malloc((n > 0 ? n : 1) * sizeof *by_id);
+    if (by_id == NULL) {
+        return nomem(err, "insert_orders");
     }
+    for (size_t i = 0; i < n; i++) {
+        by_id[i] = i;
+        /* An id the shop's table cannot hold (letters for an integer id) is no order. */
+        results[i] =
+            id_fits(s, orders[i].order_id) ? LAPSE_OK : LAPSE_ERR_STORE_NOT_FOUND;
+    }
+    sort_orders = orders;
+    qsort(by_id, n, sizeof *by_id, by_order_id);
+    for (size_t k = 0; k < n; k++) {
+        size_t i = by_id[k];
+        if (results[i] == LAPSE_OK) {
+            arr_text(&ids, orders[i].order_id);
+            arr_int(&deadlines, orders[i].deadline_ms);
+            arr_int(&created, orders[i].created_at_ms);
+        }
+    }
+    free(by_id);
     const char *params[3] = {arr_end(&ids), arr_end(&deadlines), arr_end(&created)};
     PGresult *fresh = NULL, *existing = NULL;
     arr_t hold_ids, hold_names;
@@ -329,12 +405,15 @@ static lapse_status_t pg_insert_orders(lapse_store_t *store,
     if (rc == LAPSE_OK) {
         rc = exec_v(s, PS_ORDERS_INSERT, &fresh, 3, params, err);
     }
-    if (rc == LAPSE_OK && (size_t)PQntuples(fresh) < n) {
+    if (rc == LAPSE_OK && (size_t)PQntuples(fresh) < ids.n) {
         rc = exec_v(s, PS_ORDERS_READ, &existing, 1, params, err);
     }
     /* New orders get their holds; an order that existed is judged by its row, like
      * SQLite's (a re-publish never changes holds). */
     for (size_t i = 0; rc == LAPSE_OK && i < n; i++) {
+        if (results[i] != LAPSE_OK) {
+            continue;
+        }
         bool is_new = false;
         for (int r = 0; !is_new && r < PQntuples(fresh); r++) {
             is_new = strcmp(PQgetvalue(fresh, r, 0), orders[i].order_id) == 0;
@@ -360,7 +439,9 @@ static lapse_status_t pg_insert_orders(lapse_store_t *store,
                 row.deadline_ms = col_int(existing, r, 2);
             }
         }
-        if (!found) {
+        if (!found && s->map != NULL) {
+            results[i] = LAPSE_ERR_STORE_NOT_FOUND; /* the shop has no such order */
+        } else if (!found) {
             rc = lapse_error_set(err, LAPSE_ERR_STORE_SQL,
                                  "order %s: insert ignored but no row",
                                  orders[i].order_id);
@@ -395,13 +476,14 @@ static lapse_status_t pg_mark_scheduled(lapse_store_t *store,
         arr_text(&ids, order_ids[i]);
     }
     const char *params[1] = {arr_end(&ids)};
-    lapse_status_t rc =
-        params[0] != NULL ? ensure_conn(s, err) : nomem(err, "mark_scheduled");
+    /* In a transaction of its own for its lock_timeout: a row someone holds (the shop's
+     * long transaction) fails this as retriable after 2 s instead of stalling. */
+    lapse_status_t rc = params[0] != NULL ? begin(s, err) : nomem(err, "mark_scheduled");
     if (rc == LAPSE_OK) {
-        rc = exec_v(s, PS_ORDERS_SCHEDULE, NULL, 1, params, err); /* one statement */
+        rc = exec_v(s, PS_ORDERS_SCHEDULE, NULL, 1, params, err);
     }
     arr_free(&ids);
-    return rc;
+    return end(s, rc, err);
 }
 
 /* Reads one order (and its holds) in one statement, so both come from one snapshot. */
@@ -409,6 +491,10 @@ static lapse_status_t read_order(pg_store_t *s, const char *order_id, lapse_orde
                                  bool *found, lapse_error_t *err) {
     PGresult *res = NULL;
     const char *params[1] = {order_id};
+    *found = false;
+    if (!id_fits(s, order_id)) {
+        return LAPSE_OK;
+    }
     lapse_status_t rc = exec_v(s, PS_ORDER_GET, &res, 1, params, err);
     *found = rc == LAPSE_OK && PQntuples(res) == 1;
     if (*found) {
@@ -436,10 +522,10 @@ static lapse_status_t pg_pay(lapse_store_t *store, const char *order_id, int64_t
     PGresult *res = NULL;
     const char *params[1] = {order_id};
     lapse_status_t rc = begin(s, err);
-    if (rc == LAPSE_OK) {
+    if (rc == LAPSE_OK && id_fits(s, order_id)) {
         rc = exec_v(s, PS_ORDER_PAY, &res, 1, params, err);
     }
-    bool paid = rc == LAPSE_OK && PQntuples(res) == 1;
+    bool paid = rc == LAPSE_OK && res != NULL && PQntuples(res) == 1;
     PQclear(res);
     if (rc == LAPSE_OK && !paid) {
         lapse_order_t order;
@@ -614,7 +700,9 @@ static lapse_status_t pg_cancel_batch(lapse_store_t *store, lapse_cancel_item_t 
         items[i].deadline_ms = 0;
         items[i].event_seq = 0;
         items[i].now_ms = now_ms;
-        arr_text(&ids, items[i].order_id);
+        if (id_fits(s, items[i].order_id)) {
+            arr_text(&ids, items[i].order_id);
+        }
     }
     const char *ids_lit = arr_end(&ids);
     PGresult *locked = NULL;
@@ -697,6 +785,13 @@ static lapse_status_t pg_cancel_batch(lapse_store_t *store, lapse_cancel_item_t 
         if (rc == LAPSE_OK) {
             rc = exec_v(s, PS_HOLDS_RELEASE, NULL, 2, p2, err);
         }
+        /* The shop's own release of what each order held, in this transaction: one
+         * failing statement rolls the whole batch back. */
+        for (size_t i = 0; rc == LAPSE_OK && s->map != NULL && i < n; i++) {
+            if (items[i].outcome == LAPSE_CANCEL_DONE) {
+                rc = lapse__pg_map_on_cancel(s->conn, s->map, items[i].order_id, err);
+            }
+        }
         if (rc == LAPSE_OK) {
             rc = record_events(s, items, n, due_lit, now, err);
         }
@@ -772,12 +867,12 @@ static lapse_status_t pg_events_mark_published(lapse_store_t *store, const int64
         arr_int(&list, seqs[i]);
     }
     const char *p[1] = {arr_end(&list)};
-    lapse_status_t rc = p[0] != NULL ? ensure_conn(s, err) : nomem(err, "events");
+    lapse_status_t rc = p[0] != NULL ? begin(s, err) : nomem(err, "events");
     if (rc == LAPSE_OK) {
         rc = exec_v(s, PS_EVENTS_PUBLISHED, NULL, 1, p, err);
     }
     arr_free(&list);
-    return rc;
+    return end(s, rc, err);
 }
 
 static lapse_status_t pg_events_count(lapse_store_t *store, int64_t *pending,
@@ -825,12 +920,31 @@ static lapse_status_t pg_pending_page(lapse_store_t *store,
                         int_text(t[4], claim)};
     PGresult *res = NULL;
     lapse_status_t rc = ensure_conn(s, err);
+    /* A mapped walk goes on exactly after the last order it returned when the caller's
+     * cursor is that order; otherwise from the cursor's millisecond on (an order seen
+     * again is harmless, one skipped would not be). */
+    s->cursor_ts[0] = '\0';
+    if (s->map != NULL && after_id != NULL && after_deadline_ms == s->cursor_ms &&
+        strcmp(after_id, s->cursor_id) == 0) {
+        snprintf(s->cursor_ts, sizeof s->cursor_ts, "%s", s->cursor_exact);
+    }
     if (rc == LAPSE_OK) {
         rc = exec_v(s, id, &res, claiming ? 7 : 6, p, err);
     }
-    for (int r = 0; rc == LAPSE_OK && r < PQntuples(res) && page->n < page->cap; r++) {
+    s->cursor_ts[0] = '\0';
+    int rows = rc == LAPSE_OK ? PQntuples(res) : 0;
+    if (s->map != NULL && rows > 0) {
+        snprintf(s->cursor_exact, sizeof s->cursor_exact, "%s",
+                 PQgetvalue(res, rows - 1, 5));
+        snprintf(s->cursor_id, sizeof s->cursor_id, "%s", PQgetvalue(res, rows - 1, 0));
+        s->cursor_ms = col_int(res, rows - 1, 1);
+    }
+    for (int r = 0; rc == LAPSE_OK && r < rows && page->n < page->cap; r++) {
         lapse_order_t *order = &page->items[page->n];
         size_t len = (size_t)PQgetlength(res, r, 0);
+        if (s->map != NULL && !lapse_order_id_is_valid(PQgetvalue(res, r, 0), len)) {
+            continue; /* a shop's id lapse could never publish: not its business */
+        }
         if (len > LAPSE_ORDER_ID_MAX) {
             rc = lapse_error_set(err, LAPSE_ERR_STORE_SQL, "pending: bad order id");
             break;
@@ -845,7 +959,7 @@ static lapse_status_t pg_pending_page(lapse_store_t *store,
             rc = parse_holds(PQgetvalue(res, r, 4), order, err);
         }
     }
-    if (rc == LAPSE_OK && claiming && page->n > 1) {
+    if (rc == LAPSE_OK && claiming && s->map == NULL && page->n > 1) {
         qsort(page->items, page->n, sizeof(page->items[0]), by_deadline_id);
     }
     PQclear(res);
@@ -912,6 +1026,7 @@ static void pg_close(lapse_store_t *store) {
     if (s->conn != NULL) {
         PQfinish(s->conn);
     }
+    lapse__pg_map_free(s->map);
     free(s->uri);
     free(s->schema);
     free(s);
@@ -994,10 +1109,14 @@ static lapse_status_t migrate(pg_store_t *s, const char *quoted, bool must_exist
                              "store schema %s is version %d, newer than this lapse (%d)",
                              s->schema, version, PG_SCHEMA_VERSION);
     }
-    if (rc == LAPSE_OK && version < 1) {
+    if (rc == LAPSE_OK && version < PG_SCHEMA_VERSION) {
+        /* Every step is IF NOT EXISTS, so the steps from the version found on apply. */
         b = (buf_t){.ok = true};
-        buf_str(&b, PG_SCHEMA_V1);
-        buf_str(&b, "DELETE FROM @.lapse_schema; INSERT INTO @.lapse_schema VALUES (1)");
+        if (version < 1) {
+            buf_str(&b, PG_SCHEMA_V1);
+        }
+        buf_str(&b, PG_SCHEMA_V2);
+        buf_str(&b, "DELETE FROM @.lapse_schema; INSERT INTO @.lapse_schema VALUES (2)");
         rc = b.ok && expand(quoted, b.p, &sql) == LAPSE_OK
                  ? exec_simple(s, sql, "schema", err)
                  : nomem(err, "schema");
@@ -1006,29 +1125,52 @@ static lapse_status_t migrate(pg_store_t *s, const char *quoted, bool must_exist
     }
     rc = end(s, rc, err);
     if (rc == LAPSE_ERR_STORE_SQL) {
-        err->code = rc = LAPSE_ERR_STORE_OPEN;
+        rc = LAPSE_ERR_STORE_OPEN;
+        if (err != NULL) {
+            err->code = rc;
+        }
     }
     return rc;
 }
 
-static const lapse__store_class_t pg_class = {
-    .name = "postgresql",
-    .now = pg_now,
-    .insert_orders = pg_insert_orders,
-    .mark_scheduled = pg_mark_scheduled,
-    .pay = pg_pay,
-    .cancel_batch = pg_cancel_batch,
-    .get = pg_get,
-    .count = pg_count,
-    .events_pending = pg_events_pending,
-    .events_mark_published = pg_events_mark_published,
-    .events_count = pg_events_count,
-    .pending_page = pg_pending_page,
-    .prune = pg_prune,
-    .close = pg_close,
+#define PG_CLASS_OPS_                                                                    \
+    .now = pg_now, .insert_orders = pg_insert_orders,                                    \
+    .mark_scheduled = pg_mark_scheduled, .pay = pg_pay, .cancel_batch = pg_cancel_batch, \
+    .get = pg_get, .count = pg_count, .events_pending = pg_events_pending,               \
+    .events_mark_published = pg_events_mark_published, .events_count = pg_events_count,  \
+    .pending_page = pg_pending_page, .prune = pg_prune, .close = pg_close
+
+/* The same functions on the shop's table: the statements differ (store_pg_sql.h), and
+ * the class says that orders and deadlines are the shop's. */
+static const lapse__store_class_t pg_map_class = {
+    .name = "postgresql (orders map)",
+    .orders_mapped = true,
+    PG_CLASS_OPS_,
 };
 
-lapse_store_t *lapse__store_pg_open(const char *uri, const char *schema, unsigned flags,
+static const lapse__store_class_t pg_class = {
+    .name = "postgresql",
+    PG_CLASS_OPS_,
+};
+
+/* The statement i of this handle: lapse's own, or its mapped form with the map's names
+ * filled in and its values numbered after the caller's parameters. */
+static char *statement_template(pg_store_t *s, int i) {
+    if (s->map == NULL || PG_MAP_SQL[i] == NULL) {
+        return strdup(PG_STMT_SQL[i]);
+    }
+    int n_own = 0;
+    for (const char *p = strchr(PG_STMT_SQL[i], '$'); p != NULL; p = strchr(p + 1, '$')) {
+        int k = atoi(p + 1);
+        n_own = k > n_own ? k : n_own;
+    }
+    s->n_own[i] = n_own;
+    s->mapped[i] = true;
+    return lapse__pg_map_expand(s->map, PG_MAP_SQL[i], n_own);
+}
+
+lapse_store_t *lapse__store_pg_open(const char *uri, const char *schema,
+                                    const char *orders_map, unsigned flags,
                                     lapse_status_t *rc, lapse_error_t *err) {
     pg_store_t *s = calloc(1, sizeof(*s));
     if (s == NULL || (s->uri = strdup(uri)) == NULL ||
@@ -1049,11 +1191,24 @@ lapse_store_t *lapse__store_pg_open(const char *uri, const char *schema, unsigne
         pg_close(&s->base);
         return NULL;
     }
-    *rc = migrate(s, quoted, (flags & LAPSE_STORE_MUST_EXIST) != 0, err);
+    /* The map first: a mistake in it is the operator's to fix before anything else. */
+    *rc = LAPSE_OK;
+    if (orders_map != NULL) {
+        s->map = lapse__pg_map_open(s->conn, orders_map, rc, err);
+        if (s->map != NULL) {
+            s->base.cls = &pg_map_class;
+            s->base.warning = s->map->warning[0] != '\0' ? s->map->warning : NULL;
+        }
+    }
+    if (*rc == LAPSE_OK) {
+        *rc = migrate(s, quoted, (flags & LAPSE_STORE_MUST_EXIST) != 0, err);
+    }
     for (int i = 0; *rc == LAPSE_OK && i < PS_COUNT_; i++) {
-        if (expand(quoted, PG_STMT_SQL[i], &s->sql[i]) != LAPSE_OK) {
+        char *tmpl = statement_template(s, i);
+        if (tmpl == NULL || expand(quoted, tmpl, &s->sql[i]) != LAPSE_OK) {
             *rc = nomem(err, "opening the store");
         }
+        free(tmpl);
     }
     PQfreemem(quoted);
     if (*rc != LAPSE_OK) {

@@ -12,7 +12,7 @@
 #ifndef LAPSE_STORE_PG_SQL_H
 #define LAPSE_STORE_PG_SQL_H
 
-#define PG_SCHEMA_VERSION 1
+#define PG_SCHEMA_VERSION 2
 
 #define NOW_MS "(floor(extract(epoch FROM now()) * 1000))::bigint"
 
@@ -55,6 +55,17 @@ static const char PG_SCHEMA_V1[] =
     "CREATE INDEX IF NOT EXISTS events_published ON @.events (published_at_ms)"
     " WHERE published_at_ms IS NOT NULL;";
 
+/* Version 2: lapse's own bookkeeping for the shop's orders (--orders-map): which orders
+ * it was asked to schedule, with the deadline it published, and whether the broker
+ * confirmed the message. The shop's table is never altered. */
+static const char PG_SCHEMA_V2[] =
+    "CREATE TABLE IF NOT EXISTS @.scheduled ("
+    " order_id text COLLATE \"C\" NOT NULL PRIMARY KEY,"
+    " deadline_ms bigint NOT NULL,"
+    " created_at_ms bigint NOT NULL,"
+    " scheduled smallint NOT NULL DEFAULT 0 CHECK (scheduled IN (0, 1)));"
+    "CREATE INDEX IF NOT EXISTS scheduled_deadline ON @.scheduled (deadline_ms);";
+
 /* Each transaction that writes starts with this (one round trip): short waits for locks,
  * a bound on every statement, and a session that dies rather than sit on its locks. */
 #define PG_BEGIN                                                                         \
@@ -63,7 +74,8 @@ static const char PG_SCHEMA_V1[] =
 
 /* The holds of order o as a JSON array text, sorted, or NULL when there are none. */
 #define HOLDS_JSON                                                                       \
-    "(SELECT json_agg(h.resource ORDER BY h.resource)::text FROM @.holds h"              \
+    "(SELECT json_agg(h.resource ORDER BY h.resource COLLATE \"C\")::text FROM @.holds " \
+    "h"                                                                                  \
     " WHERE h.order_id = o.order_id)"
 
 #define PG_STATEMENTS(X)                                                                 \
@@ -97,8 +109,9 @@ static const char PG_SCHEMA_V1[] =
                      " AND deadline_ms <= $2")                                           \
     X(HOLDS_RELEASE, "UPDATE @.holds SET released_at_ms = $2"                            \
                      " WHERE order_id = ANY ($1::text[]) AND released_at_ms IS NULL")    \
-    X(HOLDS_OF, "SELECT order_id, resource FROM @.holds"                                 \
-                " WHERE order_id = ANY ($1::text[]) ORDER BY order_id, resource")        \
+    X(HOLDS_OF,                                                                          \
+      "SELECT order_id, resource FROM @.holds"                                           \
+      " WHERE order_id = ANY ($1::text[]) ORDER BY order_id, resource COLLATE \"C\"")    \
     X(EVENTS_INSERT, "INSERT INTO @.events (event_id, order_id, body, created_at_ms,"    \
                      " claimed_until_ms) SELECT e, o, b, $4, $5 FROM"                    \
                      " unnest($1::text[], $2::text[], $3::text[]) AS t (e, o, b)"        \
@@ -168,6 +181,73 @@ static const char *const PG_STMT_NAME[PS_COUNT_] = {
 #define PG_STMT_NAME_(name, sql) #name,
     PG_STATEMENTS(PG_STMT_NAME_)
 #undef PG_STMT_NAME_
+};
+
+/*
+ * The same statements on the shop's own table (an orders map), for the ids that touch
+ * orders; NULL: the statement above serves both. Same parameters, same result columns,
+ * so the C code is shared. store_pg_map.c fills the placeholders: {T} the quoted table
+ * (aliased o), {ID} {ST} {DLC} the quoted id, status and deadline (or window start)
+ * columns as o.<col>, {STN} the bare status column, {STT} its type, {IDT} the id's type,
+ * {SET_CA} ", <cancelled_at> = now()" or nothing, {CA_MS} that column in ms or NULL, and
+ * the derived {DL} {DLMS} {CLASS}; the values {PENDING} (text[]), {PAID}, {CANCELLED},
+ * {WIN} (the window in ms, 0 for a deadline column) and {CURSOR} (an exact timestamptz
+ * or NULL) become bound parameters numbered after the statement's own.
+ */
+#define MAP_PENDING_PAGE_(extra)                                                         \
+    "SELECT {ID}::text, {DLMS}, coalesce(s.created_at_ms, 0), coalesce(s.scheduled, 0)," \
+    " CASE WHEN $6 THEN NULL::text END, {DLC}::text"                                     \
+    " FROM {T} LEFT JOIN @.scheduled s ON s.order_id = {ID}::text"                       \
+    " WHERE {ST}::text = ANY ({PENDING}) AND ({DLC}, {ID}::text COLLATE \"C\") >"        \
+    " (coalesce({CURSOR}, CASE WHEN $1 < -100000000000000 THEN '-infinity'::timestamptz" \
+    " ELSE to_timestamp(($1 - 1) / 1000.0) END - {WIN} * interval '1 millisecond'), $2)" \
+    " AND {DLC} < CASE WHEN $3 > 100000000000000 THEN 'infinity'::timestamptz"           \
+    " ELSE to_timestamp($3 / 1000.0) END - {WIN} * interval '1 millisecond'"             \
+    " AND coalesce(s.created_at_ms, 0) < $4" extra                                       \
+    " ORDER BY {DLC}, {ID}::text COLLATE \"C\" LIMIT $5"
+
+static const char *const PG_MAP_SQL[PS_COUNT_] = {
+    [PS_ORDERS_INSERT] =
+        "INSERT INTO @.scheduled (order_id, deadline_ms, created_at_ms)"
+        " SELECT t.i, t.d, t.c FROM unnest($1::text[], $2::bigint[], $3::bigint[])"
+        " AS t (i, d, c) WHERE EXISTS (SELECT 1 FROM {T} WHERE {ID} = t.i::{IDT}"
+        " AND {ST}::text = ANY ({PENDING}) AND {DLMS} = t.d)"
+        " ON CONFLICT (order_id) DO NOTHING RETURNING order_id",
+    [PS_ORDERS_READ] = "SELECT {ID}::text, {CLASS}, {DLMS} FROM {T}"
+                       " WHERE {ID} = ANY ($1::{IDT}[])",
+    [PS_ORDERS_SCHEDULE] = "UPDATE @.scheduled SET scheduled = 1"
+                           " WHERE order_id = ANY ($1::text[]) AND scheduled = 0",
+    [PS_ORDER_PAY] = "UPDATE {T} SET {STN} = {PAID}::text::{STT}"
+                     " WHERE {ID} = $1::{IDT} AND {ST}::text = ANY ({PENDING})"
+                     " AND {DL} > now() RETURNING 1",
+    [PS_ORDER_GET] = "SELECT {CLASS}, {DLMS}, coalesce(s.created_at_ms, {DLMS}),"
+                     " NULL::bigint, {CA_MS}, coalesce(s.scheduled, 0), NULL::text"
+                     " FROM {T} LEFT JOIN @.scheduled s ON s.order_id = {ID}::text"
+                     " WHERE {ID} = $1::{IDT}",
+    [PS_CANCEL_LOCK] = "WITH l AS (SELECT {ID}::text AS order_id, {CLASS} AS status,"
+                       " {DLMS} AS deadline_ms FROM {T} WHERE {ID} = ANY ($1::{IDT}[])"
+                       " ORDER BY {ID} FOR NO KEY UPDATE OF o SKIP LOCKED)"
+                       " SELECT " NOW_MS ", l.order_id, l.status, l.deadline_ms"
+                       " FROM (SELECT 1) AS one LEFT JOIN l ON true",
+    [PS_ORDERS_EXIST] = "SELECT {ID}::text FROM {T} WHERE {ID} = ANY ($1::{IDT}[])",
+    [PS_ORDERS_CANCEL] =
+        "UPDATE {T} SET {STN} = {CANCELLED}::text::{STT}{SET_CA}"
+        " WHERE {ID} = ANY ($1::{IDT}[]) AND {ST}::text = ANY ({PENDING})"
+        " AND {DLMS} <= $2",
+    /* The shop's on_cancel statements release what an order held (store_pg_map.c). */
+    [PS_HOLDS_RELEASE] = "SELECT 1 WHERE $1::text[] IS NULL AND $2::bigint IS NULL",
+    [PS_HOLDS_OF] = "SELECT NULL::text, NULL::text WHERE $1::text[] IS NULL",
+    [PS_ORDER_COUNT] = "SELECT {CLASS}, count(*) FROM {T} GROUP BY 1",
+    [PS_PRUNE_ORDERS] = "DELETE FROM @.scheduled WHERE order_id IN (SELECT s.order_id"
+                        " FROM @.scheduled s WHERE s.deadline_ms < $1 AND NOT EXISTS"
+                        " (SELECT 1 FROM {T} WHERE {ID}::text = s.order_id"
+                        " AND {ST}::text = ANY ({PENDING})) LIMIT $2"
+                        " FOR UPDATE OF s SKIP LOCKED)",
+    [PS_PENDING_PAGE] = MAP_PENDING_PAGE_(""),
+    [PS_UNSCHEDULED_PAGE] = MAP_PENDING_PAGE_(" AND coalesce(s.scheduled, 0) = 0"),
+    /* No claims on the shop's rows: a second re-publish of an order is a no-op. */
+    [PS_UNSCHEDULED_CLAIM] =
+        MAP_PENDING_PAGE_(" AND coalesce(s.scheduled, 0) = 0 AND $7::bigint IS NOT NULL"),
 };
 
 #endif

@@ -21,6 +21,7 @@
 /* How long a sweep's claim on the unscheduled orders it re-publishes lasts (a store
  * shared by many hosts): a competing sweep skips them meanwhile. */
 #define REPUBLISH_CLAIM_MS 60000
+#define OWN_EVENTS_MAX     100000
 
 typedef struct sweep sweep_t;
 typedef int (*visit_fn)(sweep_t *s, const lapse_order_t *order);
@@ -52,6 +53,11 @@ struct sweep {
     size_t n_cancel;
     char cancel_ids[CANCEL_BATCH][LAPSE_ORDER_ID_MAX + 1];
     lapse_cancel_item_t items[CANCEL_BATCH];
+    /* The outbox rows of what this run cancelled, published first and by seq (a store
+     * shared by many hosts hands them to no other relay for a while: they are ours). At
+     * most OWN_EVENTS_MAX; the rest waits for the walk of the whole outbox. */
+    int64_t *own_seqs;
+    size_t n_own, cap_own;
 
     /* Re-publishing: opened on the first order that needs it. */
     lapse_publisher_t *pub;
@@ -148,6 +154,22 @@ static void walk(sweep_t *s, lapse_pending_filter_t *filter) {
 
 /* ---- direct cancellation ---------------------------------------------------------- */
 
+static void remember_event(sweep_t *s, int64_t seq) {
+    if (seq <= 0 || s->n_own >= OWN_EVENTS_MAX) {
+        return;
+    }
+    if (s->n_own == s->cap_own) {
+        size_t cap = s->cap_own == 0 ? 256 : 2 * s->cap_own;
+        int64_t *grown = realloc(s->own_seqs, cap * sizeof *grown);
+        if (grown == NULL) {
+            return; /* the walk of the whole outbox publishes it */
+        }
+        s->own_seqs = grown;
+        s->cap_own = cap;
+    }
+    s->own_seqs[s->n_own++] = seq;
+}
+
 static lapse_status_t flush_cancels(sweep_t *s) {
     size_t n = s->n_cancel;
     if (n == 0) {
@@ -188,6 +210,7 @@ static lapse_status_t flush_cancels(sweep_t *s) {
             continue;
         }
         s->report->cancelled++;
+        remember_event(s, item->event_seq);
         lapse__log(s->cfg, LAPSE_LOG_WARN,
                    "event=sweep_cancel order_id=%s deadline_ms=%lld lag_ms=%lld "
                    "reason=message_lost",
@@ -412,9 +435,25 @@ static void publish_events(sweep_t *s) {
         free(topo);
         return;
     }
-    lapse__relay_report_t total;
-    rc = lapse__events_drain(&broker, s->store, topo->events_exchange, INT64_MAX,
-                             events_stop, s, &total, &err);
+    lapse__relay_report_t total = {0};
+    /* What this run cancelled first, by seq, in rounds; then the rest of the outbox. */
+    for (size_t k = 0;
+         rc == LAPSE_OK && k < s->n_own && total.returned == 0 && !events_stop(s);
+         k += LAPSE__EVENTS_ROUND) {
+        size_t n =
+            s->n_own - k < LAPSE__EVENTS_ROUND ? s->n_own - k : LAPSE__EVENTS_ROUND;
+        lapse__relay_report_t one;
+        rc =
+            lapse__events_relay(&broker, s->store, topo->events_exchange, s->own_seqs + k,
+                                n, n, LAPSE__EVENTS_WAIT_MS, &one, &err);
+        lapse__relay_report_add(&total, &one);
+    }
+    if (rc == LAPSE_OK && total.returned == 0) {
+        lapse__relay_report_t rest;
+        rc = lapse__events_drain(&broker, s->store, topo->events_exchange, INT64_MAX,
+                                 events_stop, s, &rest, &err);
+        lapse__relay_report_add(&total, &rest);
+    }
     lapse__broker_close(&broker);
     s->report->events_published = total.published;
     if (lapse_store_events_count(s->store, &s->report->events_waiting, NULL) !=
@@ -500,6 +539,7 @@ static lapse_status_t finish(sweep_t *s, lapse_error_t *err) {
     if (rc != LAPSE_OK && err != NULL) {
         *err = s->err;
     }
+    free(s->own_seqs);
     free(s);
     return rc;
 }

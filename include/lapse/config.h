@@ -30,6 +30,8 @@ LAPSE_API void lapse_config_free(lapse_config_t *cfg);
  *   store        sqlite:PATH or postgresql://...    (LAPSE_STORE, sqlite:lapse.db)
  *   store_schema [a-z_][a-z0-9_]{0,62}: PostgreSQL schema of lapse's tables
  *                                                   (LAPSE_STORE_SCHEMA, lapse)
+ *   orders_map   path of an orders map, or "": the shop's own orders table (PostgreSQL)
+ *                                                   (LAPSE_ORDERS_MAP, "")
  *   prefix       [A-Za-z0-9_-]{1,48}                (LAPSE_PREFIX, lapse)
  *   classes      comma-separated durations          (LAPSE_CLASSES, 30m)
  *   queue_type   classic | quorum                   (LAPSE_QUEUE_TYPE, classic)

@@ -55,7 +55,8 @@ LAPSE_API const char *lapse_version(void);
     X(ERR_CONFIG_PREFIX, -0x0404, 0, "invalid prefix")                                   \
     X(ERR_CONFIG_STORE, -0x0405, 0, "invalid store URI")                                 \
     X(ERR_CONFIG_UNKNOWN, -0x0406, 0, "unknown configuration property")                  \
-    X(ERR_CONFIG_VALUE, -0x0407, 0, "invalid configuration value")
+    X(ERR_CONFIG_VALUE, -0x0407, 0, "invalid configuration value")                       \
+    X(ERR_CONFIG_MAP, -0x0408, 0, "invalid orders map")
 
 typedef enum lapse_status {
 #define LAPSE_STATUS_ENUM_(name, value, retriable, msg) LAPSE_##name = (value),

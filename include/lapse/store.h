@@ -95,9 +95,13 @@ typedef enum lapse_store_open_flag {
 
 /** How to open a store; fill with lapse_store_options_init() first. Borrowed. */
 typedef struct lapse_store_options {
-    unsigned flags;     /* lapse_store_open_flag_t, or-ed */
-    const char *schema; /* PostgreSQL: the schema of lapse's tables (default "lapse");
-                           ignored by SQLite */
+    unsigned flags;         /* lapse_store_open_flag_t, or-ed */
+    const char *schema;     /* PostgreSQL: the schema of lapse's tables (default "lapse");
+                               ignored by SQLite */
+    const char *orders_map; /* PostgreSQL: the path of an orders map (DESIGN.md, "The
+                               shop's own orders table"): orders live in the shop's own
+                               table, checked against the live schema at open. NULL
+                               (default): lapse's own orders table */
 } lapse_store_options_t;
 
 /** The defaults: no flags, schema "lapse". */
@@ -116,7 +120,8 @@ LAPSE_API void lapse_store_options_init(lapse_store_options_t *opts);
  * @return new handle, closed with lapse_store_close(); NULL on failure with *rc and err
  * set: LAPSE_ERR_STORE_MISSING, LAPSE_ERR_STORE_OPEN, LAPSE_ERR_STORE_BUSY (retriable:
  * a locked file, a server that is down or refuses connections), LAPSE_ERR_CONFIG_STORE
- * (a URI this build cannot open).
+ * (a URI this build cannot open), LAPSE_ERR_CONFIG_MAP (an orders map that is wrong, or
+ * one given with a SQLite store).
  */
 LAPSE_API lapse_store_t *lapse_store_open_opts(const char *uri,
                                                const lapse_store_options_t *opts,
@@ -131,6 +136,17 @@ LAPSE_API lapse_store_t *lapse_store_open(const char *uri, lapse_status_t *rc,
                                           lapse_error_t *err);
 /** Close and free; accepts NULL. */
 LAPSE_API void lapse_store_close(lapse_store_t *store);
+
+/**
+ * Whether orders live in the shop's own table (an orders map): then an order must exist
+ * there before it is published, lapse_store_get() gives its deadline, and orders carry
+ * no holds (the map's on_cancel statements release what an order held).
+ */
+LAPSE_API bool lapse_store_orders_mapped(const lapse_store_t *store);
+
+/** A line for the operator from opening the store (e.g. an index an orders map would
+ *  need), or NULL. Borrowed from the handle. */
+LAPSE_API const char *lapse_store_warning(const lapse_store_t *store);
 
 /**
  * Whether the store has a clock of its own that decides (PostgreSQL: the database
@@ -273,9 +289,10 @@ LAPSE_API lapse_status_t lapse_store_events_count(lapse_store_t *store, int64_t 
  * Keep the tables from growing without bound: in one short transaction, delete at most
  * limit settled orders (paid or cancelled) whose deadline and settlement both lie before
  * before_ms and whose event, if any, is published, with their holds; and at most limit
- * outbox events published before before_ms. Pending orders and unpublished events are never touched. An expiry message
- * that arrives for a pruned order finds no order and is parked as unknown, so before_ms
- * should lie well behind anything still in flight (the consumer uses now - retention).
+ * outbox events published before before_ms. Pending orders and unpublished events are
+ * never touched. An expiry message that arrives for a pruned order finds no order and is
+ * parked as unknown, so before_ms should lie well behind anything still in flight (the
+ * consumer uses now - retention).
  * @param orders, events receive how many rows went (both may be NULL).
  * @return LAPSE_OK or a store error (LAPSE_ERR_STORE_BUSY is retriable).
  */

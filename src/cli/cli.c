@@ -23,6 +23,7 @@ int cli_exit_code(lapse_status_t rc) {
         case LAPSE_ERR_CONFIG_STORE:
         case LAPSE_ERR_CONFIG_UNKNOWN:
         case LAPSE_ERR_CONFIG_VALUE:
+        case LAPSE_ERR_CONFIG_MAP:
             return CLI_EXIT_USAGE;
         case LAPSE_ERR_STORE_CONFLICT:
         case LAPSE_ERR_STORE_STATE:
@@ -161,15 +162,27 @@ volatile sig_atomic_t *cli_install_stop_handlers(void) {
     return &stop_flag;
 }
 
-lapse_store_t *cli_open_store(cli_t *cli, unsigned flags, int *exit_code) {
-    lapse_status_t rc;
-    lapse_error_t err = {0};
+lapse_store_t *cli_try_store(cli_t *cli, unsigned flags, lapse_status_t *rc,
+                             lapse_error_t *err) {
     lapse_store_options_t opts;
     lapse_store_options_init(&opts);
     opts.flags = flags;
     opts.schema = lapse_config_get(cli->cfg, "store_schema");
+    const char *map = lapse_config_get(cli->cfg, "orders_map");
+    opts.orders_map = map != NULL && map[0] != '\0' ? map : NULL;
     lapse_store_t *store =
-        lapse_store_open_opts(lapse_config_get(cli->cfg, "store"), &opts, &rc, &err);
+        lapse_store_open_opts(lapse_config_get(cli->cfg, "store"), &opts, rc, err);
+    const char *warning = lapse_store_warning(store);
+    if (warning != NULL) {
+        fprintf(stderr, "lapse: warning: %s\n", warning);
+    }
+    return store;
+}
+
+lapse_store_t *cli_open_store(cli_t *cli, unsigned flags, int *exit_code) {
+    lapse_status_t rc;
+    lapse_error_t err = {0};
+    lapse_store_t *store = cli_try_store(cli, flags, &rc, &err);
     if (!store) {
         *exit_code = cli_fail(rc, &err, "open store");
     }

@@ -115,6 +115,9 @@ volatile sig_atomic_t *cli_install_stop_handlers(void);
  *  lapse_store_open_flags() (LAPSE_STORE_MUST_EXIST for commands that only read). NULL
  *  after printing an error; *exit_code receives the code to exit with. */
 lapse_store_t *cli_open_store(cli_t *cli, unsigned flags, int *exit_code);
+/** The same without reporting: NULL with *rc and err set (the caller decides). */
+lapse_store_t *cli_try_store(cli_t *cli, unsigned flags, lapse_status_t *rc,
+                             lapse_error_t *err);
 
 /** Give stdout a buffer that holds a whole output (unless it is a terminal), so that
  *  cli_finish_stdout() can say why writing it failed. Call before any output. */

@@ -13,13 +13,9 @@
 static lapse_store_t *open_store_waiting(cli_t *cli, const volatile sig_atomic_t *stop,
                                          int *code) {
     for (unsigned attempt = 0;; attempt++) {
-        lapse_store_options_t opts;
-        lapse_store_options_init(&opts);
-        opts.schema = lapse_config_get(cli->cfg, "store_schema");
         lapse_status_t rc;
         lapse_error_t err = {0};
-        lapse_store_t *store =
-            lapse_store_open_opts(lapse_config_get(cli->cfg, "store"), &opts, &rc, &err);
+        lapse_store_t *store = cli_try_store(cli, 0, &rc, &err);
         if (store != NULL || rc != LAPSE_ERR_STORE_BUSY || *stop) {
             if (store == NULL) {
                 *code = cli_fail(rc, &err, "open store");

@@ -82,25 +82,87 @@ static int64_t deciding_now(lapse_store_t *store) {
     return now;
 }
 
-/* timeout_ms > 0: deadline now + timeout; else deadline_ms as given. */
+/* How far a --timeout may land from the shop's deadline and still agree with it: the
+ * shop computed its deadline a moment before lapse reads the clock. */
+#define TIMEOUT_AGREES_MS 2000
+
+/*
+ * With an orders map the shop's row holds the deadline (DESIGN.md, "The shop's own
+ * orders table"): *deadline_ms gets it. A deadline the caller gave (given_ms > 0, or a
+ * timeout_ms > 0 from now) must agree with it. Returns LAPSE_OK, or the refusal in err:
+ * LAPSE_ERR_STORE_NOT_FOUND (no such row), LAPSE_ERR_STORE_STATE (not pending),
+ * LAPSE_ERR_INVALID (a contradiction), or a store failure.
+ */
+static lapse_status_t row_deadline(lapse_store_t *store, const char *order_id,
+                                   int64_t timeout_ms, int64_t given_ms, int64_t now,
+                                   int64_t *deadline_ms, lapse_error_t *err) {
+    lapse_order_t row;
+    lapse_order_init(&row);
+    lapse_status_t rc = lapse_store_get(store, order_id, &row, err);
+    if (rc == LAPSE_ERR_STORE_NOT_FOUND) {
+        rc = lapse_error_set(err, rc, "order %s is not in the shop's orders table",
+                             order_id);
+    } else if (rc == LAPSE_OK && row.status != LAPSE_ORDER_PENDING) {
+        rc = lapse_error_set(err, LAPSE_ERR_STORE_STATE,
+                             "order %s is %s in the shop's table", order_id,
+                             lapse_order_status_name(row.status));
+    }
+    char at[LAPSE_RFC3339_LEN];
+    lapse_time_format_rfc3339(row.deadline_ms, at);
+    int64_t off = timeout_ms > 0 ? lapse__time_add(now, timeout_ms) - row.deadline_ms : 0;
+    if (rc == LAPSE_OK && given_ms > 0 && timeout_ms == 0 &&
+        given_ms != row.deadline_ms) {
+        rc = lapse_error_set(err, LAPSE_ERR_INVALID,
+                             "--deadline contradicts the shop's row of %s (deadline %s)",
+                             order_id, at);
+    } else if (rc == LAPSE_OK && (off > TIMEOUT_AGREES_MS || off < -TIMEOUT_AGREES_MS)) {
+        rc = lapse_error_set(err, LAPSE_ERR_INVALID,
+                             "--timeout contradicts the shop's row of %s (deadline %s)",
+                             order_id, at);
+    }
+    *deadline_ms = row.deadline_ms;
+    lapse_order_clear(&row);
+    return rc;
+}
+
+/* timeout_ms > 0: deadline now + timeout; else deadline_ms as given; with an orders map,
+ * the shop's (explicit: the caller gave timeout_ms or deadline_ms; it must agree). */
 static int publish_one(cli_t *cli, const char *order_id, int64_t timeout_ms,
-                       int64_t deadline_ms, const char **holds, size_t n_holds) {
+                       int64_t deadline_ms, bool explicit, const char **holds,
+                       size_t n_holds) {
     int code = CLI_EXIT_OK;
     lapse_store_t *store = cli_open_store(cli, 0, &code);
     if (!store) {
         return code;
     }
+    if (lapse_store_orders_mapped(store)) {
+        lapse_error_t rerr = {0};
+        lapse_status_t rrc =
+            n_holds > 0 ? lapse_error_set(&rerr, LAPSE_ERR_INVALID,
+                                          "--hold is not used with an orders map "
+                                          "(its on_cancel statements release)")
+                        : row_deadline(store, order_id, explicit ? timeout_ms : 0,
+                                       explicit ? deadline_ms : 0, deciding_now(store),
+                                       &deadline_ms, &rerr);
+        if (rrc != LAPSE_OK) {
+            lapse_store_close(store);
+            return rrc == LAPSE_ERR_INVALID ? cli_usage_error("publish", "%s", rerr.text)
+                                            : cli_fail(rrc, &rerr, "publish");
+        }
+        /* The class of an agreeing timeout is still the shortest way; else the ladder. */
+        timeout_ms = explicit ? timeout_ms : 0;
+    }
     outcome_t o = {0};
     lapse_publisher_t *pub = open_publisher(cli, store, on_single, &o, &code);
     if (pub) {
         int64_t now = deciding_now(store);
-        lapse_new_order_t order = {.order_id = order_id,
-                                   .deadline_ms = timeout_ms > 0
-                                                      ? lapse__time_add(now, timeout_ms)
-                                                      : deadline_ms,
-                                   .created_at_ms = now,
-                                   .holds = holds,
-                                   .n_holds = n_holds};
+        bool from_timeout = timeout_ms > 0 && !lapse_store_orders_mapped(store);
+        lapse_new_order_t order = {
+            .order_id = order_id,
+            .deadline_ms = from_timeout ? lapse__time_add(now, timeout_ms) : deadline_ms,
+            .created_at_ms = now,
+            .holds = holds,
+            .n_holds = n_holds};
         lapse_error_t err = {0};
         lapse_status_t rc = lapse_publisher_submit(pub, &order, timeout_ms, 0, &err);
         if (rc == LAPSE_OK) {
@@ -187,7 +249,27 @@ static int publish_batch(cli_t *cli, const char *path) {
             bad++;
             continue;
         }
-        if (lapse_deadline_check(bl.deadline_ms, now, &lerr) != LAPSE_OK) {
+        if (lapse_store_orders_mapped(store)) {
+            lapse_status_t mrc =
+                bl.n_holds > 0
+                    ? lapse_error_set(&lerr, LAPSE_ERR_INVALID,
+                                      "\"holds\" are not used with an orders map")
+                    : row_deadline(store, bl.order_id, bl.timeout_ms, bl.deadline_ms, now,
+                                   &bl.deadline_ms, &lerr);
+            if (mrc != LAPSE_OK) {
+                cli_say("publish", "line %llu: %s", (unsigned long long)lineno,
+                        lerr.text);
+                bad++;
+                lapse_batch_line_clear(&bl);
+                continue;
+            }
+        } else if (bl.deadline_ms == 0) {
+            cli_say("publish", "line %llu: give \"timeout\" or \"deadline\"",
+                    (unsigned long long)lineno);
+            bad++;
+            lapse_batch_line_clear(&bl);
+            continue;
+        } else if (lapse_deadline_check(bl.deadline_ms, now, &lerr) != LAPSE_OK) {
             cli_say("publish", "line %llu: %s: %s", (unsigned long long)lineno,
                     bl.order_id, lerr.text);
             bad++;
@@ -278,6 +360,8 @@ int cmd_publish(cli_t *cli, int argc, char **argv) {
     int64_t deadline_ms = 0;
     int64_t now = lapse_clock_now_ms();
     lapse_error_t err = {0};
+    /* With an orders map, neither means "the shop's deadline" (publish_one). */
+    bool explicit = timeout != NULL || deadline != NULL;
     if (deadline) {
         if (lapse_time_parse_rfc3339(deadline, &deadline_ms) != LAPSE_OK) {
             return cli_usage_error("publish",
@@ -305,5 +389,5 @@ int cmd_publish(cli_t *cli, int argc, char **argv) {
             return cli_usage_error("publish", "--hold must be 1-256 bytes");
         }
     }
-    return publish_one(cli, order_id, timeout_ms, deadline_ms, holds, n_holds);
+    return publish_one(cli, order_id, timeout_ms, deadline_ms, explicit, holds, n_holds);
 }

@@ -48,6 +48,14 @@ const cli_option_t cli_options[] = {
      .commands = CLI_GLOBAL,
      .help = "PostgreSQL: the schema that holds lapse's tables, created and migrated by "
              "lapse"},
+    {.name = "orders-map",
+     .metavar = "FILE",
+     .property = "orders_map",
+     .example = "/etc/lapse/orders-map.json",
+     .commands = CLI_GLOBAL,
+     .help = "PostgreSQL: cancel in the shop's own orders table, described by this JSON "
+             "map (see \"Using your own orders table\"); checked against the database at "
+             "start"},
     {.name = "prefix",
      .metavar = "NAME",
      .property = "prefix",

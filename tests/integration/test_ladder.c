@@ -17,6 +17,8 @@
 
 #include <lapse/message.h>
 
+#include <sqlite3.h>
+
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>

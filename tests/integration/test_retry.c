@@ -18,16 +18,15 @@
 #include <string.h>
 #include <unistd.h>
 
-static void exec_sql(h_ctx_t *h, const char *sql) {
-    sqlite3 *db;
-    assert_int_equal(sqlite3_open(h->db_path, &db), SQLITE_OK);
-    sqlite3_busy_timeout(db, 5000);
-    char *msg = NULL;
-    if (sqlite3_exec(db, sql, NULL, NULL, &msg) != SQLITE_OK) {
-        fail_msg("%s: %s", sql, msg ? msg : "?");
-    }
-    sqlite3_close(db);
-}
+/* A trigger that makes every update of order 'poison' fail, in each backend's dialect. */
+static const char *const POISON_SQLITE =
+    "CREATE TRIGGER poison BEFORE UPDATE ON orders WHEN "
+    "OLD.order_id = 'poison' BEGIN SELECT RAISE(ABORT, 'poisoned row'); END";
+static const char *const POISON_PG =
+    "CREATE FUNCTION poison() RETURNS trigger LANGUAGE plpgsql AS"
+    " $$BEGIN RAISE EXCEPTION 'poisoned row'; END$$;"
+    "CREATE TRIGGER poison BEFORE UPDATE ON orders FOR EACH ROW"
+    " WHEN (OLD.order_id = 'poison') EXECUTE FUNCTION poison()";
 
 static void test_failing_cancel_is_retried_then_parked(void **state) {
     (void)state;
@@ -44,9 +43,7 @@ static void test_failing_cancel_is_retried_then_parked(void **state) {
     fclose(f);
     assert_int_equal(
         h_lapse(&h, NULL, 0, "publish", "--batch", h_path(&h, "orders.jsonl"), NULL), 0);
-    exec_sql(&h,
-             "CREATE TRIGGER poison BEFORE UPDATE ON orders WHEN "
-             "OLD.order_id = 'poison' BEGIN SELECT RAISE(ABORT, 'poisoned row'); END");
+    h_sql_exec(&h, "%s", h.pg ? POISON_PG : POISON_SQLITE);
     pid_t consumer = h_spawn_consumer(
         &h, "consumer.log",
         (const char *const[]){"--max-attempts", "3", "--sweep-every", "0", NULL});
@@ -98,7 +95,7 @@ static void test_failing_cancel_is_retried_then_parked(void **state) {
     json_decref(root);
 
     /* Cause fixed, message replayed: cancelled once, its hold released, one event. */
-    exec_sql(&h, "DROP TRIGGER poison");
+    h_sql_exec(&h, "%s", h.pg ? "DROP TRIGGER poison ON orders" : "DROP TRIGGER poison");
     assert_int_equal(h_lapse(&h, NULL, 0, "parked", "replay", "poison", NULL), 0);
     assert_int_equal(h_wait_sql(&h, 1, h_ms(15000),
                                 "SELECT count(*) FROM orders WHERE order_id='poison' AND "

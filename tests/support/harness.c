@@ -1,8 +1,11 @@
 /* SPDX-License-Identifier: MIT
- * Integration-test harness: processes, the SQLite store and the broker, for real. */
+ * Integration-test harness: processes, the store (SQLite or PostgreSQL) and the broker,
+ * for real. */
 #include "harness.h"
 
 #include <lapse/store.h>
+
+#include "consumer_int.h"
 
 #include <amqp_tcp_socket.h>
 #include <errno.h>
@@ -11,6 +14,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sqlite3.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -61,9 +65,14 @@ void h_setup(h_ctx_t *h, const char *name, const char *classes, bool declare) {
     if (!mkdtemp(h->dir)) {
         die("mkdtemp: %s", strerror(errno));
     }
-    snprintf(h->db_path, sizeof h->db_path, "%s/lapse.db", h->dir);
-    snprintf(h->store, sizeof h->store, "sqlite:%s", h->db_path);
-    fprintf(stderr, "harness: test %s in %s, prefix %s\n", name, h->dir, h->prefix);
+    if (sf_create(&h->sf, name, h->dir, "lapse.db") != 0) {
+        die("cannot create the test's %s store", sf_backend_name(sf_backend()));
+    }
+    h->pg = h->sf.backend == SF_PG;
+    snprintf(h->db_path, sizeof h->db_path, "%s", h->sf.path);
+    snprintf(h->store, sizeof h->store, "%s", h->sf.uri);
+    fprintf(stderr, "harness: test %s in %s, prefix %s, store %s\n", name, h->dir,
+            h->prefix, h->store);
     if (declare) {
         int code = h_lapse(h, NULL, 0, "topology", "declare", NULL);
         if (code != 0) {
@@ -147,14 +156,18 @@ static void delete_queues(h_ctx_t *h) {
 }
 
 void h_teardown(h_ctx_t *h) {
-    if (h->db) {
-        sqlite3_close(h->db);
-        h->db = NULL;
-    }
+    sf_close(h->db);
+    h->db = NULL;
     if (getenv("LAPSE_TEST_KEEP")) {
+        if (h->pg) {
+            fprintf(stderr, "harness: kept database %s\n", h->sf.db);
+        }
         return;
     }
     delete_queues(h);
+    if (h->pg) {
+        sf_drop(&h->sf);
+    }
     char cmd[PATH_MAX + 32];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", h->dir);
     if (system(cmd) != 0) {
@@ -411,31 +424,24 @@ size_t h_pay_in_time(h_ctx_t *h, int n, bool (*pick)(int)) {
     return paid;
 }
 
-static sqlite3 *db_of(h_ctx_t *h) {
+static sf_conn_t *db_of(h_ctx_t *h) {
     if (!h->db) {
-        if (sqlite3_open_v2(h->db_path, &h->db, SQLITE_OPEN_READONLY, NULL) !=
-            SQLITE_OK) {
-            die("open %s: %s", h->db_path, sqlite3_errmsg(h->db));
+        char err[1024];
+        h->db = sf_connect(&h->sf, true, err, sizeof err);
+        if (!h->db) {
+            die("%s", err);
         }
-        sqlite3_busy_timeout(h->db, 5000);
     }
     return h->db;
 }
 
 static int64_t sql_int_v(h_ctx_t *h, const char *fmt, va_list ap) {
     char *sql = sqlite3_vmprintf(fmt, ap);
-    sqlite3_stmt *st = NULL;
+    char err[2048];
     int64_t v = -1;
-    if (sqlite3_prepare_v2(db_of(h), sql, -1, &st, NULL) != SQLITE_OK) {
-        die("prepare %s: %s", sql, sqlite3_errmsg(h->db));
+    if (sf_query_int(db_of(h), sql, &v, err, sizeof err) != 0) {
+        die("%s", err);
     }
-    int rc = sqlite3_step(st);
-    if (rc == SQLITE_ROW) {
-        v = sqlite3_column_int64(st, 0);
-    } else if (rc != SQLITE_DONE) {
-        die("step %s: %s", sql, sqlite3_errmsg(h->db));
-    }
-    sqlite3_finalize(st);
     sqlite3_free(sql);
     return v;
 }
@@ -446,6 +452,28 @@ int64_t h_sql_int(h_ctx_t *h, const char *sql_fmt, ...) {
     int64_t v = sql_int_v(h, sql_fmt, ap);
     va_end(ap);
     return v;
+}
+
+int h_claim_wait_ms(const h_ctx_t *h) {
+    return h->pg ? LAPSE_STORE_EVENT_CLAIM_MS + CONSUMER_BACKLOG_EVERY_MS : 0;
+}
+
+bool h_store_exists(h_ctx_t *h) {
+    return sf_exists(&h->sf);
+}
+
+void h_sql_exec(h_ctx_t *h, const char *sql_fmt, ...) {
+    va_list ap;
+    va_start(ap, sql_fmt);
+    char *sql = sqlite3_vmprintf(sql_fmt, ap);
+    va_end(ap);
+    char err[2048];
+    sf_conn_t *c = sf_connect(&h->sf, false, err, sizeof err);
+    if (!c || sf_exec(c, sql, err, sizeof err) != 0) {
+        die("%s", err);
+    }
+    sf_close(c);
+    sqlite3_free(sql);
 }
 
 int64_t h_wait_sql(h_ctx_t *h, int64_t expect, int timeout_ms, const char *sql_fmt, ...) {
@@ -689,11 +717,25 @@ int64_t h_now_ms(void) {
 
 struct h_watch {
     pthread_t thread;
-    char db_path[PATH_MAX + 16];
+    sf_store_t store;
     volatile int stop;
     int64_t early;
     int64_t polls;
 };
+
+typedef struct watch_rows {
+    int64_t deadlines[64];
+    char ids[64][64];
+    int n;
+} watch_rows_t;
+
+static void watch_row(void *opaque, int n_cols, const char *const *values) {
+    watch_rows_t *r = opaque;
+    if (r->n < 64 && n_cols == 2 && values[0] && values[1]) {
+        snprintf(r->ids[r->n], sizeof r->ids[r->n], "%s", values[0]);
+        r->deadlines[r->n++] = strtoll(values[1], NULL, 10);
+    }
+}
 
 /* A cancellation read back at time t was committed at or before t; an order whose
  * deadline is still ahead of t was therefore cancelled early. Rows with a deadline
@@ -701,58 +743,54 @@ struct h_watch {
  * are left alone. */
 static void *watch_main(void *arg) {
     h_watch_t *w = arg;
-    sqlite3 *db = NULL;
-    sqlite3_stmt *st = NULL;
+    sf_conn_t *db = NULL;
+    bool ready = false;
+    char err[1024];
     while (!w->stop) {
         if (!db) {
-            /* The store file appears with the first lapse command that opens it. */
-            if (sqlite3_open_v2(w->db_path, &db, SQLITE_OPEN_READONLY, NULL) !=
-                SQLITE_OK) {
-                sqlite3_close(db);
-                db = NULL;
+            /* A SQLite store file appears with the first lapse command that opens it. */
+            db = sf_connect(&w->store, true, err, sizeof err);
+            if (!db) {
                 usleep(5000);
                 continue;
             }
-            sqlite3_busy_timeout(db, 1000);
         }
-        if (!st && sqlite3_prepare_v2(db,
-                                      "SELECT order_id, deadline_ms FROM orders WHERE "
-                                      "status = 'cancelled' AND deadline_ms > ?1",
-                                      -1, &st, NULL) != SQLITE_OK) {
-            st = NULL; /* the schema is not there yet */
+        /* Asked first, so that PostgreSQL's log does not fill with missing tables. */
+        if (!ready && !(ready = sf_table_exists(db, "orders"))) {
             usleep(5000);
             continue;
         }
         int64_t before = now_ms();
-        sqlite3_bind_int64(st, 1, before);
-        int64_t deadlines[64];
-        char ids[64][64];
-        int n = 0;
-        while (sqlite3_step(st) == SQLITE_ROW && n < 64) {
-            snprintf(ids[n], sizeof ids[n], "%s",
-                     (const char *)sqlite3_column_text(st, 0));
-            deadlines[n++] = sqlite3_column_int64(st, 1);
+        char sql[256];
+        snprintf(sql, sizeof sql,
+                 "SELECT order_id, deadline_ms FROM orders WHERE status = 'cancelled'"
+                 " AND deadline_ms > %lld",
+                 (long long)before);
+        watch_rows_t rows;
+        rows.n = 0;
+        if (sf_query_rows(db, sql, watch_row, &rows, err, sizeof err) < 0) {
+            fprintf(stderr, "watch: %s\n", err);
+            usleep(5000);
+            continue;
         }
-        sqlite3_reset(st);
         int64_t after = now_ms();
-        for (int i = 0; i < n; i++) {
-            if (deadlines[i] > after) {
+        for (int i = 0; i < rows.n; i++) {
+            if (rows.deadlines[i] > after) {
                 fprintf(stderr, "watch: %s seen cancelled %lld ms before its deadline\n",
-                        ids[i], (long long)(deadlines[i] - after));
+                        rows.ids[i], (long long)(rows.deadlines[i] - after));
                 w->early++;
             }
         }
         w->polls++;
         usleep(5000);
     }
-    sqlite3_finalize(st);
-    sqlite3_close(db);
+    sf_close(db);
     return NULL;
 }
 
 h_watch_t *h_watch_start(h_ctx_t *h) {
     h_watch_t *w = calloc(1, sizeof *w);
-    snprintf(w->db_path, sizeof w->db_path, "%s", h->db_path);
+    w->store = h->sf;
     if (pthread_create(&w->thread, NULL, watch_main, w) != 0) {
         die("pthread_create");
     }
@@ -838,7 +876,7 @@ void h_check_laws(h_ctx_t *h, const char *const *logs, h_watch_t *w, h_laws_t *o
                                      "NULL OR cancelled_at_ms < deadline_ms)");
     out->doubled =
         h_sql_int(h, "SELECT count(*) FROM (SELECT order_id FROM events GROUP BY order_id"
-                     " HAVING count(*) > 1)");
+                     " HAVING count(*) > 1) AS d");
     int64_t in_logs = doubled_in_logs(h, logs);
     out->doubled = in_logs > out->doubled ? in_logs : out->doubled;
     out->no_event =

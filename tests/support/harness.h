@@ -1,27 +1,32 @@
 /* SPDX-License-Identifier: MIT
  * Integration-test harness: a scratch dir and prefix per test, the real lapse binary,
- * the real SQLite file, and a rabbitmq-c connection to the private test node. */
+ * a real store (a SQLite file, or a PostgreSQL database of its own when
+ * LAPSE_TEST_STORE=postgresql: see store_fixture.h), and a rabbitmq-c connection to the
+ * private test node. */
 #ifndef LAPSE_TEST_HARNESS_H
 #define LAPSE_TEST_HARNESS_H
 
 #include <amqp.h>
 #include <limits.h>
-#include <sqlite3.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "store_fixture.h"
+
 typedef struct h_ctx {
     char name[64];
     char dir[PATH_MAX];
-    char db_path[PATH_MAX + 16];
-    char store[PATH_MAX + 32];
+    char db_path[PATH_MAX + 16]; /* the SQLite file; "" on PostgreSQL */
+    char store[PATH_MAX + 160];  /* the store URI every lapse command gets */
     char prefix[96];
     char classes[128];
     char amqp[512];
     const char *bin;
-    sqlite3 *db;
+    bool pg;       /* the store is PostgreSQL (LAPSE_TEST_STORE=postgresql) */
+    sf_store_t sf; /* the test's store */
+    sf_conn_t *db; /* the harness's connection for h_sql_int, opened on first use */
 } h_ctx_t;
 
 /* A message read back from a queue; strings are NUL-terminated copies. */
@@ -44,12 +49,27 @@ typedef void (*h_msg_cb)(void *opaque, const h_msg_t *msg);
 /* Scale timeouts under sanitizers/valgrind: LAPSE_TEST_TIMEOUT_MULTIPLIER (default 1). */
 int h_ms(int ms);
 
-/* Fresh temp dir and prefix "t-<name>-<pid>"; declares the topology unless declare is
- * false. Aborts the test run with a message when the environment is not there. */
+/* Fresh temp dir, store and prefix "t-<name>-<pid>"; declares the topology unless
+ * declare is false. The store is <dir>/lapse.db, or on PostgreSQL a new database (its
+ * tables appear with the first lapse command). Aborts the test run with a message when
+ * the environment is not there. */
 void h_setup(h_ctx_t *h, const char *name, const char *classes, bool declare);
-/* Close the database, delete the test's queues (<prefix>.*, best effort) and the temp
- * dir. */
+/* Close the connection, delete the test's queues (<prefix>.*, best effort), the temp
+ * dir and the PostgreSQL database (all kept with LAPSE_TEST_KEEP set). */
 void h_teardown(h_ctx_t *h);
+
+/* For tests (cmocka included before this header): on PostgreSQL, print why and skip the
+ * rest of the test (tearing h down first); on SQLite, nothing. For the parts of a test
+ * that are about SQLite itself (its file, its modes, its lock). */
+#define H_SKIP_ON_PG(h, why)                                                             \
+    do {                                                                                 \
+        if ((h)->pg) {                                                                   \
+            printf("skip on PostgreSQL: %s\n", why);                                     \
+            fflush(stdout);                                                              \
+            h_teardown(h);                                                               \
+            skip();                                                                      \
+        }                                                                                \
+    } while (0)
 
 /* Run `lapse <global flags> args... (NULL-terminated)`, stdout into out (may be NULL),
  * stderr appended to <dir>/cli.log. Returns the exit code (-1 when it did not exit). */
@@ -93,8 +113,23 @@ bool h_faketime_available(void);
  * windows). Returns how many payments were accepted. */
 size_t h_pay_in_time(h_ctx_t *h, int n, bool (*pick)(int));
 
-/* Scalar query on the test's SQLite store (read-only connection). */
+/* Scalar query on the test's store, on either backend (the same SQL: see
+ * store_fixture.h); sql_fmt is formatted by sqlite3_vmprintf (%q, %Q). Read-only on
+ * SQLite. NULL reads as 0, a boolean as 1 or 0, no row as -1. Before the first lapse
+ * command has opened the store there are no tables: the query fails and the test run
+ * aborts with the error, on both backends. */
 int64_t h_sql_int(h_ctx_t *h, const char *sql_fmt, ...);
+/* How much longer than on SQLite the events of a consumer killed with SIGKILL may wait in
+ * the outbox before a live consumer publishes them: 0 on SQLite; on PostgreSQL the
+ * claim the killed one held on them (LAPSE_STORE_EVENT_CLAIM_MS) and a consumer's pass
+ * over the outbox backlog (CONSUMER_BACKLOG_EVERY_MS). */
+int h_claim_wait_ms(const h_ctx_t *h);
+/* Whether a lapse command has created the test's store yet (store_fixture.h's
+ * sf_exists). */
+bool h_store_exists(h_ctx_t *h);
+/* Run a statement that changes the store (its own read-write connection); aborts the
+ * test run when it fails. */
+void h_sql_exec(h_ctx_t *h, const char *sql_fmt, ...);
 /* Poll until the query equals expect or timeout_ms passes; returns the last value. */
 int64_t h_wait_sql(h_ctx_t *h, int64_t expect, int timeout_ms, const char *sql_fmt, ...);
 
@@ -142,7 +177,7 @@ typedef struct h_laws {
     int64_t watch_polls; /* store polls the watcher made, 0 without one */
 } h_laws_t;
 
-/* A thread that polls the store every ~5 ms (its own read-only connection) and counts
+/* A thread that polls the store every ~5 ms (its own connection) and counts
  * orders it sees cancelled while the wall clock is still before their deadline: a
  * never-early check independent of the consumer's clock. */
 typedef struct h_watch h_watch_t;

@@ -435,8 +435,8 @@ static void test_env_covers_every_setting(void **state) {
         }
     }
     lapse_config_free(fresh);
-    assert_int_equal(n, 14);
-    assert_int_equal(with_env, 14); /* every property has its variable */
+    assert_int_equal(n, 15);
+    assert_int_equal(with_env, 15); /* every property has its variable */
     assert_null(lapse_config_property_name(n + 1));
     assert_null(lapse_config_property_env("clock_skew"));
     assert_null(lapse_config_property_default("clock_skew"));

@@ -1,6 +1,8 @@
 /* SPDX-License-Identifier: MIT
- * Walking pending orders by deadline on a temporary SQLite file: order, filters, keyset
- * pages, limits, the cursor, callbacks that write, and the schema upgrade it needs. */
+ * Walking pending orders by deadline on a temporary SQLite file, or a database of its
+ * own on the test cluster (LAPSE_TEST_STORE=postgresql, see store_fixture.h): order,
+ * filters, keyset pages, limits, the cursor, callbacks that write, the indexes the pages
+ * read, and the schema upgrade it needs. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -17,32 +19,39 @@
 
 #include <lapse/store.h>
 
+#include "store_fixture.h"
 #include "store_int.h"
+#include "store_pg_sql.h"
 #include "store_sqlite_sql.h"
 
-#define T0 INT64_C(1800000000000) /* 2027-01-15T08:00:00Z */
+/* The orders' times. On SQLite, whose caller's clock decides, 2027-01-15T08:00:00Z; on
+ * PostgreSQL, whose server's clock decides, an hour before it, so that every deadline
+ * the tests use (T0 + less than a minute) is due when a test cancels an order. */
+static int64_t t0_ms = INT64_C(1800000000000);
+#define T0 t0_ms
 
 typedef struct fixture {
-    char dir[64];
-    char path[96];
-    char uri[112];
+    sf_store_t sf;
+    const char *path; /* SQLite: the store file */
+    const char *uri;
     lapse_store_t *store;
 } fixture_t;
 
-static int make_dir(fixture_t *f) {
-    strcpy(f->dir, "/tmp/lapse-test-pending-XXXXXX");
-    if (mkdtemp(f->dir) == NULL) {
-        return -1;
+/* A fresh store, not opened yet. */
+static fixture_t *make_store(void) {
+    fixture_t *f = calloc(1, sizeof(*f));
+    if (f == NULL || sf_create(&f->sf, "pending", NULL, NULL) != 0) {
+        free(f);
+        return NULL;
     }
-    snprintf(f->path, sizeof(f->path), "%s/store.db", f->dir);
-    snprintf(f->uri, sizeof(f->uri), "sqlite:%s", f->path);
-    return 0;
+    f->path = f->sf.path;
+    f->uri = f->sf.uri;
+    return f;
 }
 
 static int setup(void **state) {
-    fixture_t *f = calloc(1, sizeof(*f));
-    if (f == NULL || make_dir(f) != 0) {
-        free(f);
+    fixture_t *f = make_store();
+    if (f == NULL) {
         return -1;
     }
     lapse_status_t rc;
@@ -50,35 +59,34 @@ static int setup(void **state) {
     f->store = lapse_store_open(f->uri, &rc, &err);
     if (f->store == NULL) {
         fprintf(stderr, "open %s: %s\n", f->uri, err.text);
-        rmdir(f->dir);
+        sf_drop(&f->sf);
         free(f);
         return -1;
+    }
+    t0_ms = INT64_C(1800000000000);
+    if (f->sf.backend == SF_PG) {
+        int64_t now = 0;
+        if (lapse_store_now(f->store, &now, &err) != LAPSE_OK) {
+            fprintf(stderr, "store clock: %s\n", err.text);
+            return -1;
+        }
+        t0_ms = now - 60 * 60 * 1000;
     }
     *state = f;
     return 0;
 }
 
-/* The directory only: the test opens the store itself. */
+/* The store only: the test opens it itself. */
 static int setup_dir(void **state) {
-    fixture_t *f = calloc(1, sizeof(*f));
-    if (f == NULL || make_dir(f) != 0) {
-        free(f);
-        return -1;
-    }
+    fixture_t *f = make_store();
     *state = f;
-    return 0;
+    return f == NULL ? -1 : 0;
 }
 
 static int teardown(void **state) {
     fixture_t *f = *state;
     lapse_store_close(f->store);
-    static const char *const suffixes[] = {"", "-wal", "-shm", "-journal"};
-    for (size_t i = 0; i < sizeof(suffixes) / sizeof(suffixes[0]); i++) {
-        char name[128];
-        snprintf(name, sizeof(name), "%s%s", f->path, suffixes[i]);
-        unlink(name);
-    }
-    int rc = rmdir(f->dir);
+    int rc = sf_drop(&f->sf);
     free(f);
     return rc;
 }
@@ -194,7 +202,10 @@ static void test_pending_by_deadline_then_order_id(void **state) {
     insert(f->store, "tie-b", T0 + 2000);
     insert(f->store, "first", T0 + 1000);
     insert(f->store, "tie-a", T0 + 2000);
-    insert(f->store, "paid", T0 + 1500);
+    /* Paid in its window: on PostgreSQL the window must still be open by the server's
+     * clock. */
+    insert(f->store, "paid",
+           f->sf.backend == SF_PG ? T0 + 2 * 60 * 60 * 1000 : T0 + 1500);
     insert(f->store, "gone", T0 + 500);
     lapse_error_t err;
     assert_int_equal(lapse_store_pay(f->store, "paid", T0, &err), LAPSE_OK);
@@ -399,15 +410,14 @@ static void test_pending_callback_may_write_through_the_same_handle(void **state
     assert_int_equal(counts[LAPSE_ORDER_CANCELLED], MANY);
 }
 
-static int64_t query_int(const char *path, const char *sql) {
-    sqlite3 *db = NULL;
-    sqlite3_stmt *st = NULL;
-    assert_int_equal(sqlite3_open_v2(path, &db, SQLITE_OPEN_READWRITE, NULL), SQLITE_OK);
-    assert_int_equal(sqlite3_prepare_v2(db, sql, -1, &st, NULL), SQLITE_OK);
-    assert_int_equal(sqlite3_step(st), SQLITE_ROW);
-    int64_t value = sqlite3_column_int64(st, 0);
-    sqlite3_finalize(st);
-    sqlite3_close(db);
+static int64_t query_int(const fixture_t *f, const char *sql) {
+    char err[1024];
+    int64_t value = -1;
+    sf_conn_t *c = sf_connect(&f->sf, false, err, sizeof(err));
+    if (c == NULL || sf_query_int(c, sql, &value, err, sizeof(err)) != 0) {
+        fail_msg("%s", err);
+    }
+    sf_close(c);
     return value;
 }
 
@@ -434,6 +444,8 @@ static void query_plan(lapse_store_t *store, const char *path, stmt_id_t id, cha
  * cancelled orders, no sort. */
 static void test_pending_pages_read_their_partial_index(void **state) {
     fixture_t *f = *state;
+    SF_SKIP_ON_PG("EXPLAIN QUERY PLAN and SQLite's statements (test_pg_plans_use_indexes "
+                  "checks PostgreSQL's)");
     insert_many(f->store, 50);
     char plan[1024];
     query_plan(f->store, f->path, ST_PENDING_PAGE, plan, sizeof(plan));
@@ -446,10 +458,143 @@ static void test_pending_pages_read_their_partial_index(void **state) {
     assert_null(strstr(plan, "TEMP B-TREE"));
 }
 
+typedef struct plan_text {
+    char text[8192];
+} plan_text_t;
+
+static void plan_row(void *opaque, int n_cols, const char *const *values) {
+    plan_text_t *p = opaque;
+    size_t len = strlen(p->text);
+    if (n_cols > 0 && values[0] != NULL) {
+        snprintf(p->text + len, sizeof(p->text) - len, "%s\n", values[0]);
+    }
+}
+
+/* PostgreSQL's plan of one of the backend's statements (store_pg_sql.h, "@." being the
+ * schema), prepared and explained with the given arguments: the plan the server would
+ * run for them, the planner free to choose (no enable_* setting is touched). */
+static void pg_plan(sf_conn_t *c, pg_stmt_id_t id, const char *args, plan_text_t *out) {
+    char sql[4096], err[1024];
+    size_t n = 0;
+    n += (size_t)snprintf(sql, sizeof(sql), "PREPARE lapse_plan AS ");
+    for (const char *p = PG_STMT_SQL[id]; *p != '\0' && n + 16 < sizeof(sql); p++) {
+        if (p[0] == '@' && p[1] == '.') {
+            n += (size_t)snprintf(sql + n, sizeof(sql) - n, "lapse.");
+            p++;
+        } else {
+            sql[n++] = *p;
+        }
+    }
+    sql[n] = '\0';
+    if (sf_exec(c, sql, err, sizeof(err)) != 0) {
+        fail_msg("%s", err);
+    }
+    snprintf(sql, sizeof(sql), "EXPLAIN EXECUTE lapse_plan (%s)", args);
+    out->text[0] = '\0';
+    if (sf_query_rows(c, sql, plan_row, out, err, sizeof(err)) < 0) {
+        fail_msg("%s", err);
+    }
+    if (sf_exec(c, "DEALLOCATE lapse_plan", err, sizeof(err)) != 0) {
+        fail_msg("%s", err);
+    }
+    print_message("%s (%s):\n%s", PG_STMT_NAME[id], args, out->text);
+}
+
+/* The hot statements of the PostgreSQL backend read through their indexes on a table of
+ * realistic size (20,000 orders, most of them settled, as a store that has run for a
+ * while holds, and analyzed), not by a scan of every order or event. */
+static void test_pg_plans_use_indexes(void **state) {
+    fixture_t *f = *state;
+    if (f->sf.backend != SF_PG) {
+        print_message("skip on SQLite: PostgreSQL's plans (SQLite's: "
+                      "test_pending_pages_read_their_partial_index)\n");
+        skip();
+    }
+    char err[1024];
+    sf_conn_t *c = sf_connect(&f->sf, false, err, sizeof(err));
+    if (c == NULL) {
+        fail_msg("%s", err);
+    }
+    /* 20,000 orders: 1 in 20 pending (half of those never scheduled), the rest paid or
+     * cancelled; an event for each cancelled one, all but 1 in 50 published. */
+    static const char fill[] =
+        "INSERT INTO orders (order_id, status, deadline_ms, created_at_ms, paid_at_ms,"
+        " cancelled_at_ms, scheduled)"
+        " SELECT 'p-' || lpad(i::text, 6, '0'),"
+        " CASE WHEN i % 20 = 0 THEN 'pending' WHEN i % 2 = 0 THEN 'paid'"
+        " ELSE 'cancelled' END,"
+        " 1800000000000 + i * 1000, 1800000000000 - 3600000 + i * 1000,"
+        " CASE WHEN i % 20 <> 0 AND i % 2 = 0 THEN 1800000000000 + i * 1000 - 1 END,"
+        " CASE WHEN i % 2 = 1 THEN 1800000000000 + i * 1000 END,"
+        " CASE WHEN i % 40 = 0 THEN 0 ELSE 1 END"
+        " FROM generate_series(1, 20000) AS i;"
+        "INSERT INTO holds (order_id, resource)"
+        " SELECT order_id, 'seat-' || order_id FROM orders;"
+        "INSERT INTO events (event_id, order_id, body, created_at_ms, published_at_ms)"
+        " SELECT 'order.cancelled:' || order_id, order_id, '{}', cancelled_at_ms,"
+        " CASE WHEN right(order_id, 2) <> '01' THEN cancelled_at_ms + 5 END"
+        " FROM orders WHERE status = 'cancelled';"
+        "ANALYZE orders; ANALYZE holds; ANALYZE events";
+    if (sf_exec(c, fill, err, sizeof(err)) != 0) {
+        fail_msg("%s", err);
+    }
+    int64_t n = -1;
+    assert_int_equal(sf_query_int(c, "SELECT count(*) FROM orders", &n, err, sizeof(err)),
+                     0);
+    assert_int_equal(n, 20000);
+
+    /* A page of the pending walk from the start, and one from the middle. */
+    plan_text_t plan;
+    static const char *const page_args[] = {
+        "-9223372036854775808, '', 9223372036854775807, 9223372036854775807, 257, false",
+        "1800010000000, 'p-010000', 9223372036854775807, 9223372036854775807, 257, true",
+    };
+    for (size_t i = 0; i < sizeof(page_args) / sizeof(page_args[0]); i++) {
+        pg_plan(c, PS_PENDING_PAGE, page_args[i], &plan);
+        assert_non_null(strstr(plan.text, "Index Scan using orders_pending_deadline"));
+        assert_null(strstr(plan.text, "Seq Scan on orders"));
+        assert_null(strstr(plan.text, "Sort"));
+        pg_plan(c, PS_UNSCHEDULED_PAGE, page_args[i], &plan);
+        assert_non_null(
+            strstr(plan.text, "Index Scan using orders_unscheduled_deadline"));
+        assert_null(strstr(plan.text, "Seq Scan on orders"));
+        assert_null(strstr(plan.text, "Sort"));
+    }
+    /* The sweep's claim on unscheduled orders walks the same index. */
+    pg_plan(c, PS_UNSCHEDULED_CLAIM,
+            "-9223372036854775808, '', 1800020000000, 1800020000000, 257, true, 60000",
+            &plan);
+    assert_non_null(strstr(plan.text, "orders_unscheduled_deadline"));
+    assert_null(strstr(plan.text, "Seq Scan on orders"));
+    /* The outbox relay's read of unpublished events: the claim's CTE finds them through
+     * the partial index. (Joining the claimed rows back for the UPDATE is the planner's
+     * choice by size: a hash join over all events on 10,000, the primary key on many
+     * more.) */
+    pg_plan(c, PS_EVENTS_CLAIM, "100, 10000", &plan);
+    char *cte = strstr(plan.text, "CTE c");
+    assert_non_null(cte);
+    char *cte_end = strstr(cte, "\n  ->  ");
+    if (cte_end != NULL) {
+        *cte_end = '\0';
+    }
+    assert_non_null(strstr(cte, "Index Scan using events_unpublished"));
+    assert_null(strstr(cte, "Seq Scan"));
+    /* One order by id, its holds with it. */
+    pg_plan(c, PS_ORDER_GET, "'p-012345'", &plan);
+    assert_non_null(strstr(plan.text, "Index Scan using orders_pkey"));
+    assert_null(strstr(plan.text, "Seq Scan"));
+    /* A consumer's batch, locked by id. */
+    pg_plan(c, PS_CANCEL_LOCK, "'{p-000020,p-000040,p-000060}'", &plan);
+    assert_non_null(strstr(plan.text, "orders_pkey"));
+    assert_null(strstr(plan.text, "Seq Scan on orders"));
+    sf_close(c);
+}
+
 /* A file written by schema version 1 (before the walk's indexes) is upgraded in place
  * when opened, its orders kept. */
 static void test_open_upgrades_a_version_1_file(void **state) {
     fixture_t *f = *state;
+    SF_SKIP_ON_PG("a file of SQLite schema version 1");
     sqlite3 *db = NULL;
     assert_int_equal(
         sqlite3_open_v2(f->path, &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, NULL),
@@ -493,10 +638,10 @@ static void test_open_upgrades_a_version_1_file(void **state) {
     lapse_error_t err;
     f->store = lapse_store_open(f->uri, &rc, &err);
     assert_non_null(f->store);
-    assert_int_equal(query_int(f->path, "PRAGMA user_version"), SCHEMA_VERSION);
-    assert_int_equal(query_int(f->path, "SELECT count(*) FROM sqlite_master WHERE name IN"
-                                        " ('orders_pending_deadline',"
-                                        " 'orders_unscheduled_deadline')"),
+    assert_int_equal(query_int(f, "PRAGMA user_version"), SCHEMA_VERSION);
+    assert_int_equal(query_int(f, "SELECT count(*) FROM sqlite_master WHERE name IN"
+                                  " ('orders_pending_deadline',"
+                                  " 'orders_unscheduled_deadline')"),
                      2);
     seen_t s = {0};
     walk(f->store, NULL, &s);
@@ -520,6 +665,7 @@ int main(void) {
         T(test_pending_stops_when_callback_says_so),
         T(test_pending_callback_may_write_through_the_same_handle),
         T(test_pending_pages_read_their_partial_index),
+        T(test_pg_plans_use_indexes),
         cmocka_unit_test_setup_teardown(test_open_upgrades_a_version_1_file, setup_dir,
                                         teardown),
     };

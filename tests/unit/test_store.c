@@ -1,5 +1,7 @@
 /* SPDX-License-Identifier: MIT
- * The SQLite store on a temporary file: idempotency, compare-and-set, outbox, races. */
+ * The store on a temporary SQLite file, or a database of its own on the test cluster
+ * (LAPSE_TEST_STORE=postgresql, see store_fixture.h): idempotency, compare-and-set,
+ * outbox, races. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -7,6 +9,7 @@
 
 #include <cmocka.h>
 
+#include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,37 +24,57 @@
 
 #include <lapse/store.h>
 
-/* 2027-01-15T08:00:00Z; orders are created then and lapse half an hour later. */
-#define T0       INT64_C(1800000000000)
-#define DEADLINE (T0 + 30 * 60 * 1000)
+#include "store_fixture.h"
+
+/* The clock that decides. On SQLite it is the caller's: the tests pass times around
+ * T0 = 2027-01-15T08:00:00Z, when orders are created, and DEADLINE is half an hour later.
+ * On PostgreSQL it is the server's and the time passed is ignored: there setup places T0
+ * so that DEADLINE is a second behind the server's clock (an order with it is due), and
+ * OPEN_DEADLINE an hour ahead of it, for the orders a test pays or expects refused as
+ * early. On SQLite OPEN_DEADLINE is DEADLINE: its tests pass T0 (or DEADLINE - 1) to pay
+ * and DEADLINE to cancel, so both hold there as they always did. */
+static int64_t t0_ms = INT64_C(1800000000000);
+static int64_t open_deadline_ms;
+#define T0            t0_ms
+#define DEADLINE      (T0 + 30 * 60 * 1000)
+#define OPEN_DEADLINE open_deadline_ms
 
 typedef struct fixture {
-    char dir[64];
-    char path[96];
-    char uri[112];
+    sf_store_t sf;   /* the store: sf.uri; on SQLite sf.dir holds sf.path */
+    const char *dir; /* SQLite: the directory of the store file */
+    const char *path;
+    const char *uri;
     lapse_store_t *store;
 } fixture_t;
 
 static int setup(void **state) {
     fixture_t *f = calloc(1, sizeof(*f));
-    if (f == NULL) {
-        return -1;
-    }
-    strcpy(f->dir, "/tmp/lapse-test-store-XXXXXX");
-    if (mkdtemp(f->dir) == NULL) {
+    if (f == NULL || sf_create(&f->sf, "store", NULL, NULL) != 0) {
         free(f);
         return -1;
     }
-    snprintf(f->path, sizeof(f->path), "%s/store.db", f->dir);
-    snprintf(f->uri, sizeof(f->uri), "sqlite:%s", f->path);
+    f->dir = f->sf.dir;
+    f->path = f->sf.path;
+    f->uri = f->sf.uri;
     lapse_status_t rc;
     lapse_error_t err;
     f->store = lapse_store_open(f->uri, &rc, &err);
     if (f->store == NULL) {
         fprintf(stderr, "open %s: %s\n", f->uri, err.text);
-        rmdir(f->dir);
+        sf_drop(&f->sf);
         free(f);
         return -1;
+    }
+    t0_ms = INT64_C(1800000000000);
+    open_deadline_ms = DEADLINE;
+    int64_t now = 0;
+    if (f->sf.backend == SF_PG) {
+        if (lapse_store_now(f->store, &now, &err) != LAPSE_OK) {
+            fprintf(stderr, "store clock: %s\n", err.text);
+            return -1;
+        }
+        t0_ms = now - 1000 - 30 * 60 * 1000;
+        open_deadline_ms = now + 60 * 60 * 1000;
     }
     *state = f;
     return 0;
@@ -60,37 +83,75 @@ static int setup(void **state) {
 static int teardown(void **state) {
     fixture_t *f = *state;
     lapse_store_close(f->store);
-    static const char *const suffixes[] = {"", "-wal", "-shm", "-journal"};
-    for (size_t i = 0; i < sizeof(suffixes) / sizeof(suffixes[0]); i++) {
-        char name[128];
-        snprintf(name, sizeof(name), "%s%s", f->path, suffixes[i]);
-        unlink(name);
-    }
-    int rc = rmdir(f->dir);
+    int rc = sf_drop(&f->sf);
     free(f);
     return rc;
 }
 
 /* Reads one integer with a connection of its own, as another process would. */
 static int64_t query_int(const fixture_t *f, const char *sql) {
-    sqlite3 *db = NULL;
-    sqlite3_stmt *st = NULL;
-    assert_int_equal(sqlite3_open_v2(f->path, &db, SQLITE_OPEN_READWRITE, NULL),
-                     SQLITE_OK);
-    assert_int_equal(sqlite3_prepare_v2(db, sql, -1, &st, NULL), SQLITE_OK);
-    assert_int_equal(sqlite3_step(st), SQLITE_ROW);
-    int64_t value = sqlite3_column_int64(st, 0);
-    sqlite3_finalize(st);
-    sqlite3_close(db);
+    char err[1024];
+    int64_t value = -1;
+    sf_conn_t *c = sf_connect(&f->sf, false, err, sizeof(err));
+    if (c == NULL || sf_query_int(c, sql, &value, err, sizeof(err)) != 0) {
+        fail_msg("%s", err);
+    }
+    sf_close(c);
     return value;
 }
 
 static void exec_sql(const fixture_t *f, const char *sql) {
-    sqlite3 *db = NULL;
-    assert_int_equal(sqlite3_open_v2(f->path, &db, SQLITE_OPEN_READWRITE, NULL),
-                     SQLITE_OK);
-    assert_int_equal(sqlite3_exec(db, sql, NULL, NULL, NULL), SQLITE_OK);
-    sqlite3_close(db);
+    char err[1024];
+    sf_conn_t *c = sf_connect(&f->sf, false, err, sizeof(err));
+    if (c == NULL || sf_exec(c, sql, err, sizeof(err)) != 0) {
+        fail_msg("%s", err);
+    }
+    sf_close(c);
+}
+
+/* The store's clock (lapse_store_now). */
+static int64_t store_now(const fixture_t *f) {
+    int64_t now = 0;
+    lapse_error_t err;
+    assert_int_equal(lapse_store_now(f->store, &now, &err), LAPSE_OK);
+    return now;
+}
+
+/* A time the store recorded for a change made between before and after (store_now):
+ * the time the caller passed on SQLite, the server's clock during the call on
+ * PostgreSQL (read within a second, as lapse_store_now estimates it). */
+static void assert_recorded_time(const fixture_t *f, int64_t value, int64_t passed,
+                                 int64_t before, int64_t after) {
+    if (f->sf.backend == SF_SQLITE) {
+        assert_int_equal(value, passed);
+    } else {
+        assert_in_range(value, before - 1000, after + 1000);
+    }
+}
+
+/* PostgreSQL claims the outbox events it hands out (and a cancel claims its own) for
+ * LAPSE_STORE_EVENT_CLAIM_MS; the walks of these tests come back sooner, so the claims
+ * are dropped first, as their expiry would. SQLite claims nothing. */
+static void release_claims(const fixture_t *f) {
+    if (f->sf.backend == SF_PG) {
+        exec_sql(f, "UPDATE events SET claimed_until_ms = NULL");
+    }
+}
+
+/* Whether needle occurs in text, ignoring ASCII case. */
+static bool contains_nocase(const char *text, const char *needle) {
+    size_t n = strlen(needle);
+    for (; *text != '\0'; text++) {
+        size_t i = 0;
+        while (i < n && text[i] != '\0' &&
+               tolower((unsigned char)text[i]) == tolower((unsigned char)needle[i])) {
+            i++;
+        }
+        if (i == n) {
+            return true;
+        }
+    }
+    return n == 0;
 }
 
 static lapse_status_t insert(lapse_store_t *store, const char *order_id,
@@ -153,25 +214,24 @@ static void test_open_bad_uri(void **state) {
     assert_true(err.text[0] != '\0');
 }
 
-/* Commands that only read open with MUST_EXIST: a missing store is an error, and no
- * file appears; the same store opens once something created it. */
+/* Commands that only read open with MUST_EXIST: a missing store (no file; a database
+ * without lapse's schema) is an error, and none appears; the same store opens once
+ * something created it. */
 static void test_open_must_exist(void **state) {
     fixture_t *f = *state;
-    char path[128], uri[160];
-    snprintf(path, sizeof path, "%s/other.db", f->dir);
-    snprintf(uri, sizeof uri, "sqlite:%s", path);
+    sf_store_t other;
+    assert_int_equal(sf_create(&other, "store-other", f->dir, "other.db"), 0);
     lapse_status_t rc = LAPSE_OK;
     lapse_error_t err;
-    assert_null(lapse_store_open_flags(uri, LAPSE_STORE_MUST_EXIST, &rc, &err));
+    assert_null(lapse_store_open_flags(other.uri, LAPSE_STORE_MUST_EXIST, &rc, &err));
     assert_int_equal(rc, LAPSE_ERR_STORE_MISSING);
     assert_int_equal(err.code, LAPSE_ERR_STORE_MISSING);
     assert_non_null(strstr(err.text, "store not found"));
-    assert_non_null(strstr(err.text, path));
-    assert_int_not_equal(access(path, F_OK), 0);
-    /* A missing directory is missing too. */
-    assert_null(lapse_store_open_flags("sqlite:/nonexistent-lapse-dir/x.db",
-                                       LAPSE_STORE_MUST_EXIST, &rc, &err));
-    assert_int_equal(rc, LAPSE_ERR_STORE_MISSING);
+    if (other.backend == SF_SQLITE) {
+        assert_non_null(strstr(err.text, other.path));
+    }
+    assert_false(sf_exists(&other));
+    assert_int_equal(sf_drop(&other), 0);
     /* The fixture's store exists: it opens, and keeps its orders. */
     assert_int_equal(insert(f->store, "ord-1", DEADLINE, NULL, 0), LAPSE_OK);
     lapse_store_t *again =
@@ -182,8 +242,21 @@ static void test_open_must_exist(void **state) {
     assert_int_equal(lapse_store_get(again, "ord-1", &order, &err), LAPSE_OK);
     lapse_order_clear(&order);
     lapse_store_close(again);
+}
+
+/* The same for what only SQLite has: a missing directory, and a store in memory. */
+static void test_open_must_exist_sqlite_paths(void **state) {
+    (void)state;
+    SF_SKIP_ON_PG("directories and :memory: are SQLite's");
+    lapse_status_t rc = LAPSE_OK;
+    lapse_error_t err;
+    /* A missing directory is missing too. */
+    assert_null(lapse_store_open_flags("sqlite:/nonexistent-lapse-dir/x.db",
+                                       LAPSE_STORE_MUST_EXIST, &rc, &err));
+    assert_int_equal(rc, LAPSE_ERR_STORE_MISSING);
     /* In memory there is no file to miss. */
-    again = lapse_store_open_flags("sqlite::memory:", LAPSE_STORE_MUST_EXIST, &rc, &err);
+    lapse_store_t *again =
+        lapse_store_open_flags("sqlite::memory:", LAPSE_STORE_MUST_EXIST, &rc, &err);
     assert_non_null(again);
     lapse_store_close(again);
 }
@@ -197,6 +270,7 @@ static unsigned file_mode(const char *path) {
 /* A new store file is 0600 whatever the umask, and its -wal and -shm follow it. */
 static void test_new_store_files_are_0600(void **state) {
     fixture_t *f = *state;
+    SF_SKIP_ON_PG("file modes of the SQLite store and its -wal and -shm files");
     static const mode_t umasks[] = {0, 022, 0277};
     for (size_t i = 0; i < sizeof umasks / sizeof umasks[0]; i++) {
         char path[128], uri[160], wal[140], shm[140];
@@ -232,8 +306,29 @@ static void test_new_store_files_are_0600(void **state) {
     assert_int_equal(file_mode(f->path), 0640);
 }
 
+/* The schema is there once the store is open, and a second handle (another process,
+ * say) opens an existing store as it is. */
+static void test_open_creates_the_tables(void **state) {
+    fixture_t *f = *state;
+    char err_text[1024];
+    sf_conn_t *c = sf_connect(&f->sf, true, err_text, sizeof(err_text));
+    assert_non_null(c);
+    assert_true(sf_table_exists(c, "orders"));
+    assert_true(sf_table_exists(c, "holds"));
+    assert_true(sf_table_exists(c, "events"));
+    sf_close(c);
+    assert_int_equal(insert(f->store, "ord-1", DEADLINE, NULL, 0), LAPSE_OK);
+    lapse_status_t rc;
+    lapse_error_t err;
+    lapse_store_t *other = lapse_store_open(f->uri, &rc, &err);
+    assert_non_null(other);
+    assert_int_equal(status_of(other, "ord-1"), LAPSE_ORDER_PENDING);
+    lapse_store_close(other);
+}
+
 static void test_open_uses_wal_and_versioned_schema(void **state) {
     fixture_t *f = *state;
+    SF_SKIP_ON_PG("WAL and PRAGMA user_version are SQLite's");
     sqlite3 *db = NULL;
     sqlite3_stmt *st = NULL;
     assert_int_equal(sqlite3_open(f->path, &db), SQLITE_OK);
@@ -256,9 +351,12 @@ static void test_open_uses_wal_and_versioned_schema(void **state) {
     lapse_store_close(other);
 }
 
+/* A store whose schema a later lapse migrated (SQLite's user_version, PostgreSQL's
+ * lapse_schema table) is refused, not written to. */
 static void test_open_refuses_newer_schema(void **state) {
     fixture_t *f = *state;
-    exec_sql(f, "PRAGMA user_version = 99");
+    exec_sql(f, f->sf.backend == SF_PG ? "UPDATE lapse_schema SET version = 99"
+                                       : "PRAGMA user_version = 99");
     lapse_status_t rc;
     lapse_error_t err;
     assert_null(lapse_store_open(f->uri, &rc, &err));
@@ -285,14 +383,14 @@ static void test_insert_conflicts_on_other_deadline(void **state) {
 static void test_insert_refuses_order_no_longer_pending(void **state) {
     fixture_t *f = *state;
     lapse_error_t err;
-    assert_int_equal(insert(f->store, "ord-paid", DEADLINE, NULL, 0), LAPSE_OK);
+    assert_int_equal(insert(f->store, "ord-paid", OPEN_DEADLINE, NULL, 0), LAPSE_OK);
     assert_int_equal(insert(f->store, "ord-gone", DEADLINE, NULL, 0), LAPSE_OK);
     assert_int_equal(lapse_store_pay(f->store, "ord-paid", T0, &err), LAPSE_OK);
     assert_int_equal(cancel(f->store, "ord-gone", DEADLINE, NULL), LAPSE_CANCEL_DONE);
 
     /* One batch, per-order verdicts, and the batch itself still commits. */
     lapse_new_order_t orders[] = {
-        {.order_id = "ord-paid", .deadline_ms = DEADLINE, .created_at_ms = T0},
+        {.order_id = "ord-paid", .deadline_ms = OPEN_DEADLINE, .created_at_ms = T0},
         {.order_id = "ord-gone", .deadline_ms = DEADLINE, .created_at_ms = T0},
         {.order_id = "ord-new", .deadline_ms = DEADLINE, .created_at_ms = T0},
     };
@@ -378,14 +476,17 @@ static void test_get_unknown_is_not_found(void **state) {
 static void test_pay_before_deadline_marks_paid(void **state) {
     fixture_t *f = *state;
     lapse_error_t err;
-    assert_int_equal(insert(f->store, "ord-1", DEADLINE, NULL, 0), LAPSE_OK);
-    assert_int_equal(lapse_store_pay(f->store, "ord-1", DEADLINE - 1, &err), LAPSE_OK);
+    assert_int_equal(insert(f->store, "ord-1", OPEN_DEADLINE, NULL, 0), LAPSE_OK);
+    int64_t before = store_now(f);
+    assert_int_equal(lapse_store_pay(f->store, "ord-1", OPEN_DEADLINE - 1, &err),
+                     LAPSE_OK);
+    int64_t after = store_now(f);
     assert_int_equal(err.code, LAPSE_OK);
     lapse_order_t order;
     lapse_order_init(&order);
     assert_int_equal(lapse_store_get(f->store, "ord-1", &order, &err), LAPSE_OK);
     assert_int_equal(order.status, LAPSE_ORDER_PAID);
-    assert_int_equal(order.paid_at_ms, DEADLINE - 1);
+    assert_recorded_time(f, order.paid_at_ms, OPEN_DEADLINE - 1, before, after);
     assert_int_equal(order.cancelled_at_ms, -1);
     lapse_order_clear(&order);
 }
@@ -424,24 +525,29 @@ static void test_pay_unknown(void **state) {
 static void test_pay_twice_is_ok(void **state) {
     fixture_t *f = *state;
     lapse_error_t err;
-    assert_int_equal(insert(f->store, "ord-1", DEADLINE, NULL, 0), LAPSE_OK);
+    assert_int_equal(insert(f->store, "ord-1", OPEN_DEADLINE, NULL, 0), LAPSE_OK);
+    int64_t before = store_now(f);
     assert_int_equal(lapse_store_pay(f->store, "ord-1", T0 + 1, &err), LAPSE_OK);
+    int64_t after = store_now(f);
+    int64_t paid_at = query_int(f, "SELECT paid_at_ms FROM orders");
+    assert_recorded_time(f, paid_at, T0 + 1, before, after);
     assert_int_equal(lapse_store_pay(f->store, "ord-1", T0 + 2, &err), LAPSE_OK);
     /* Also after the deadline: the payment already happened in time. */
-    assert_int_equal(lapse_store_pay(f->store, "ord-1", DEADLINE + 1, &err), LAPSE_OK);
-    assert_int_equal(query_int(f, "SELECT paid_at_ms FROM orders"), T0 + 1);
+    assert_int_equal(lapse_store_pay(f->store, "ord-1", OPEN_DEADLINE + 1, &err),
+                     LAPSE_OK);
+    assert_int_equal(query_int(f, "SELECT paid_at_ms FROM orders"), paid_at);
 }
 
 static void test_cancel_before_deadline_is_refused(void **state) {
     fixture_t *f = *state;
     const char *const holds[] = {"seat-1"};
-    assert_int_equal(insert(f->store, "ord-1", DEADLINE, holds, 1), LAPSE_OK);
+    assert_int_equal(insert(f->store, "ord-1", OPEN_DEADLINE, holds, 1), LAPSE_OK);
     lapse_cancel_item_t item = {.order_id = "ord-1"};
     lapse_error_t err;
-    assert_int_equal(lapse_store_cancel_batch(f->store, &item, 1, DEADLINE - 1, &err),
-                     LAPSE_OK);
+    assert_int_equal(
+        lapse_store_cancel_batch(f->store, &item, 1, OPEN_DEADLINE - 1, &err), LAPSE_OK);
     assert_int_equal(item.outcome, LAPSE_CANCEL_EARLY);
-    assert_int_equal(item.deadline_ms, DEADLINE);
+    assert_int_equal(item.deadline_ms, OPEN_DEADLINE);
     assert_int_equal(item.event_seq, 0);
     assert_int_equal(status_of(f->store, "ord-1"), LAPSE_ORDER_PENDING);
     assert_int_equal(query_int(f, "SELECT count(*) FROM holds"
@@ -454,9 +560,12 @@ static void test_cancel_at_deadline_cancels(void **state) {
     fixture_t *f = *state;
     assert_int_equal(insert(f->store, "ord-1", DEADLINE, NULL, 0), LAPSE_OK);
     int64_t seq = 0;
+    int64_t before = store_now(f);
     assert_int_equal(cancel(f->store, "ord-1", DEADLINE, &seq), LAPSE_CANCEL_DONE);
+    int64_t after = store_now(f);
     assert_true(seq > 0);
-    assert_int_equal(query_int(f, "SELECT cancelled_at_ms FROM orders"), DEADLINE);
+    assert_recorded_time(f, query_int(f, "SELECT cancelled_at_ms FROM orders"), DEADLINE,
+                         before, after);
 }
 
 static void test_cancel_after_deadline_releases_holds_once(void **state) {
@@ -464,21 +573,24 @@ static void test_cancel_after_deadline_releases_holds_once(void **state) {
     const char *const holds[] = {"seat-1", "seat-2"};
     assert_int_equal(insert(f->store, "ord-1", DEADLINE, holds, 2), LAPSE_OK);
     int64_t seq = 0;
+    int64_t before = store_now(f);
     assert_int_equal(cancel(f->store, "ord-1", DEADLINE + 100, &seq), LAPSE_CANCEL_DONE);
+    int64_t after = store_now(f);
     assert_true(seq > 0);
-    assert_int_equal(query_int(f, "SELECT count(*) FROM holds"
-                                  " WHERE released_at_ms = 1800001800100"),
-                     2);
+    int64_t cancelled_at = query_int(f, "SELECT cancelled_at_ms FROM orders");
+    assert_recorded_time(f, cancelled_at, DEADLINE + 100, before, after);
+    static const char released_with_it[] =
+        "SELECT count(*) FROM holds h JOIN orders o USING (order_id)"
+        " WHERE h.released_at_ms = o.cancelled_at_ms";
+    assert_int_equal(query_int(f, released_with_it), 2);
 
     /* A redelivered message: nothing changes, no second event. */
     int64_t again = -1;
     assert_int_equal(cancel(f->store, "ord-1", DEADLINE + 9000, &again),
                      LAPSE_CANCEL_NOOP_CANCELLED);
     assert_int_equal(again, 0);
-    assert_int_equal(query_int(f, "SELECT count(*) FROM holds"
-                                  " WHERE released_at_ms = 1800001800100"),
-                     2);
-    assert_int_equal(query_int(f, "SELECT cancelled_at_ms FROM orders"), DEADLINE + 100);
+    assert_int_equal(query_int(f, released_with_it), 2);
+    assert_int_equal(query_int(f, "SELECT cancelled_at_ms FROM orders"), cancelled_at);
     assert_int_equal(query_int(f, "SELECT count(*) FROM events"), 1);
 }
 
@@ -486,13 +598,13 @@ static void test_cancel_paid_is_noop(void **state) {
     fixture_t *f = *state;
     const char *const holds[] = {"seat-1"};
     lapse_error_t err;
-    assert_int_equal(insert(f->store, "ord-1", DEADLINE, holds, 1), LAPSE_OK);
+    assert_int_equal(insert(f->store, "ord-1", OPEN_DEADLINE, holds, 1), LAPSE_OK);
     assert_int_equal(lapse_store_pay(f->store, "ord-1", T0, &err), LAPSE_OK);
     lapse_cancel_item_t item = {.order_id = "ord-1"};
     assert_int_equal(lapse_store_cancel_batch(f->store, &item, 1, DEADLINE, &err),
                      LAPSE_OK);
     assert_int_equal(item.outcome, LAPSE_CANCEL_NOOP_PAID);
-    assert_int_equal(item.deadline_ms, DEADLINE);
+    assert_int_equal(item.deadline_ms, OPEN_DEADLINE);
     assert_int_equal(status_of(f->store, "ord-1"), LAPSE_ORDER_PAID);
     assert_int_equal(query_int(f, "SELECT count(*) FROM holds"
                                   " WHERE released_at_ms IS NOT NULL"),
@@ -537,7 +649,8 @@ static void test_cancel_batch_failure_writes_nothing(void **state) {
     assert_int_equal(lapse_store_cancel_batch(f->store, items, 2, DEADLINE, &err),
                      LAPSE_ERR_STORE_SQL);
     assert_int_equal(err.code, LAPSE_ERR_STORE_SQL);
-    assert_true(strstr(err.text, "UNIQUE") != NULL);
+    /* "UNIQUE constraint failed" (SQLite), "violates unique constraint" (PostgreSQL). */
+    assert_true(contains_nocase(err.text, "unique"));
     assert_int_equal(items[0].outcome, LAPSE_CANCEL_UNKNOWN);
     assert_int_equal(items[0].event_seq, 0);
     assert_int_equal(status_of(f->store, "ord-a"), LAPSE_ORDER_PENDING);
@@ -584,6 +697,7 @@ static void test_cancel_event_body_names_order_deadline_and_holds(void **state) 
     assert_int_equal(insert(f->store, "ord-1", DEADLINE, holds, 2), LAPSE_OK);
     int64_t seq = 0;
     assert_int_equal(cancel(f->store, "ord-1", DEADLINE + 250, &seq), LAPSE_CANCEL_DONE);
+    release_claims(f);
 
     seen_t seen = {0};
     lapse_error_t err;
@@ -593,11 +707,24 @@ static void test_cancel_event_body_names_order_deadline_and_holds(void **state) 
     assert_int_equal(seen.n, 1);
     assert_int_equal(seen.seq[0], seq);
     assert_string_equal(seen.event_id[0], "order.cancelled:ord-1");
-    assert_string_equal(seen.body[0],
-                        "{\"event\":\"order.cancelled\",\"order_id\":\"ord-1\","
-                        "\"deadline\":\"2027-01-15T08:30:00.000Z\","
-                        "\"cancelled_at\":\"2027-01-15T08:30:00.250Z\","
-                        "\"holds\":[\"slot-a\",\"slot-b\"]}");
+    /* The times are the stored ones (on PostgreSQL the server's cancel time). */
+    char deadline[LAPSE_RFC3339_LEN], cancelled_at[LAPSE_RFC3339_LEN], want[512];
+    lapse_time_format_rfc3339(DEADLINE, deadline);
+    lapse_time_format_rfc3339(query_int(f, "SELECT cancelled_at_ms FROM orders"),
+                              cancelled_at);
+    snprintf(want, sizeof(want),
+             "{\"event\":\"order.cancelled\",\"order_id\":\"ord-1\","
+             "\"deadline\":\"%s\",\"cancelled_at\":\"%s\","
+             "\"holds\":[\"slot-a\",\"slot-b\"]}",
+             deadline, cancelled_at);
+    assert_string_equal(seen.body[0], want);
+    if (f->sf.backend == SF_SQLITE) {
+        assert_string_equal(seen.body[0],
+                            "{\"event\":\"order.cancelled\",\"order_id\":\"ord-1\","
+                            "\"deadline\":\"2027-01-15T08:30:00.000Z\","
+                            "\"cancelled_at\":\"2027-01-15T08:30:00.250Z\","
+                            "\"holds\":[\"slot-a\",\"slot-b\"]}");
+    }
 }
 
 static void cancel_three(fixture_t *f, int64_t seqs[3]) {
@@ -622,6 +749,7 @@ static void test_events_pending_and_mark_published(void **state) {
     assert_int_equal(lapse_store_events_count(NULL, &backlog, &err), LAPSE_ERR_INVALID);
     assert_int_equal(lapse_store_events_count(f->store, NULL, &err), LAPSE_ERR_INVALID);
 
+    release_claims(f);
     seen_t all = {0};
     assert_int_equal(
         lapse_store_events_pending(f->store, 10, NULL, 0, record_event, &all, &err),
@@ -631,6 +759,7 @@ static void test_events_pending_and_mark_published(void **state) {
     assert_int_equal(all.seq[2], seqs[2]);
     assert_string_equal(all.event_id[1], "order.cancelled:ord-2");
 
+    release_claims(f);
     seen_t oldest = {0};
     assert_int_equal(
         lapse_store_events_pending(f->store, 2, NULL, 0, record_event, &oldest, &err),
@@ -639,20 +768,28 @@ static void test_events_pending_and_mark_published(void **state) {
     assert_int_equal(oldest.seq[1], seqs[1]);
 
     const int64_t done[] = {seqs[0], seqs[1], 424242};
+    int64_t before = store_now(f);
     assert_int_equal(
         lapse_store_events_mark_published(f->store, done, 3, DEADLINE + 1, &err),
         LAPSE_OK);
+    int64_t after = store_now(f);
+    static const char first_published[] =
+        "SELECT min(published_at_ms) FROM events WHERE published_at_ms IS NOT NULL";
+    int64_t published_at = query_int(f, first_published);
+    assert_recorded_time(f, published_at, DEADLINE + 1, before, after);
     /* Marking again keeps the first publication time. */
     assert_int_equal(
         lapse_store_events_mark_published(f->store, done, 1, DEADLINE + 2, &err),
         LAPSE_OK);
+    assert_int_equal(query_int(f, first_published), published_at);
     assert_int_equal(query_int(f, "SELECT count(*) FROM events"
-                                  " WHERE published_at_ms = 1800001800001"),
+                                  " WHERE published_at_ms IS NOT NULL"),
                      2);
     /* The backlog counts only what is still unpublished. */
     assert_int_equal(lapse_store_events_count(f->store, &backlog, &err), LAPSE_OK);
     assert_int_equal(backlog, 1);
 
+    release_claims(f);
     seen_t rest = {0};
     assert_int_equal(
         lapse_store_events_pending(f->store, 10, NULL, 0, record_event, &rest, &err),
@@ -694,6 +831,7 @@ static void test_events_pending_stops_when_callback_says_so(void **state) {
     int64_t seqs[3];
     lapse_error_t err;
     cancel_three(f, seqs);
+    release_claims(f);
     seen_t seen = {.stop_after = 1};
     assert_int_equal(
         lapse_store_events_pending(f->store, 10, NULL, 0, record_event, &seen, &err),
@@ -706,6 +844,7 @@ static void test_events_pending_callback_may_use_the_store(void **state) {
     int64_t seqs[3];
     lapse_error_t err;
     cancel_three(f, seqs);
+    release_claims(f);
     seen_t seen = {.publish = f->store};
     assert_int_equal(
         lapse_store_events_pending(f->store, 10, NULL, 0, record_event, &seen, &err),
@@ -727,7 +866,9 @@ static void test_count(void **state) {
 
     static const char *const ids[] = {"o-1", "o-2", "o-3", "o-4", "o-5", "o-6"};
     for (size_t i = 0; i < 6; i++) {
-        assert_int_equal(insert(f->store, ids[i], DEADLINE, NULL, 0), LAPSE_OK);
+        assert_int_equal(
+            insert(f->store, ids[i], i == 0 ? OPEN_DEADLINE : DEADLINE, NULL, 0),
+            LAPSE_OK);
     }
     assert_int_equal(lapse_store_pay(f->store, "o-1", T0, &err), LAPSE_OK);
     assert_int_equal(cancel(f->store, "o-2", DEADLINE, NULL), LAPSE_CANCEL_DONE);
@@ -870,6 +1011,10 @@ static int race_side(bool pays, const char *uri, race_t *race, int ready_fd, int
         } while (rc == LAPSE_ERR_STORE_BUSY);
         race->pay_rc[i] = rc;
         let_the_other_side_in();
+        if (sf_backend() == SF_PG) {
+            /* Slow enough that the deadline passes while payments are still made. */
+            usleep(1000);
+        }
     }
     for (int i = RACE_ORDERS - 1; !pays && i >= 0; i -= RACE_BATCH) {
         lapse_cancel_item_t items[RACE_BATCH];
@@ -878,24 +1023,40 @@ static int race_side(bool pays, const char *uri, race_t *race, int ready_fd, int
             race_id(ids[n], sizeof(ids[n]), i - (int)n);
             items[n] = (lapse_cancel_item_t){.order_id = ids[n]};
         }
-        do {
-            rc = lapse_store_cancel_batch(store, items, n, DEADLINE, &err);
-        } while (rc == LAPSE_ERR_STORE_BUSY);
-        if (rc != LAPSE_OK) {
-            return 4;
+        /* Until the store has decided each order: on PostgreSQL one may still be early
+         * (the server's clock has not reached its deadline yet) or its row held by the
+         * payer's transaction; on SQLite neither happens. */
+        for (bool undecided = true; undecided;) {
+            do {
+                rc = lapse_store_cancel_batch(store, items, n, DEADLINE, &err);
+            } while (rc == LAPSE_ERR_STORE_BUSY);
+            if (rc != LAPSE_OK) {
+                return 4;
+            }
+            undecided = false;
+            for (size_t k = 0; k < n; k++) {
+                undecided |= items[k].outcome == LAPSE_CANCEL_EARLY ||
+                             items[k].outcome == LAPSE_CANCEL_BUSY;
+                race->outcome[i - (int)k] = items[k].outcome;
+                race->event_seq[i - (int)k] = items[k].event_seq;
+            }
+            let_the_other_side_in();
         }
-        for (size_t k = 0; k < n; k++) {
-            race->outcome[i - (int)k] = items[k].outcome;
-            race->event_seq[i - (int)k] = items[k].event_seq;
-        }
-        let_the_other_side_in();
     }
     lapse_store_close(store);
     return 0;
 }
 
+/* On SQLite the caller's clock makes every payment in time (DEADLINE - 1) and every
+ * cancel due (DEADLINE). On PostgreSQL the server's clock decides: the deadline is set
+ * to pass while the two sides run, so payments early on are in time, cancels early on
+ * are early (and tried again), and late payments of orders not yet cancelled lapse. */
 static void test_pay_races_cancel_from_two_connections(void **state) {
     fixture_t *f = *state;
+    bool pg = f->sf.backend == SF_PG;
+    if (pg) {
+        t0_ms = store_now(f) + 1500 - 30 * 60 * 1000;
+    }
     for (int i = 0; i < RACE_ORDERS; i++) {
         char id[16], seat[24], slot[24];
         race_id(id, sizeof(id), i);
@@ -930,6 +1091,11 @@ static void test_pay_races_cancel_from_two_connections(void **state) {
     for (int side = 0; side < 2; side++) {
         assert_int_equal(read(ready[0], &byte, 1), 1);
     }
+    /* PostgreSQL: go 100 ms before the deadline (the server runs on this machine's
+     * clock). */
+    while (pg && lapse_clock_now_ms() < DEADLINE - 100) {
+        usleep(1000);
+    }
     close(go[1]);
     for (int side = 0; side < 2; side++) {
         int status = 0;
@@ -957,13 +1123,19 @@ static void test_pay_races_cancel_from_two_connections(void **state) {
         } else {
             cancelled++;
             assert_int_equal(status, LAPSE_ORDER_CANCELLED);
-            assert_int_equal(race->pay_rc[i], LAPSE_ERR_STORE_STATE);
+            if (!pg || race->pay_rc[i] != LAPSE_ERR_STORE_LAPSED) {
+                assert_int_equal(race->pay_rc[i], LAPSE_ERR_STORE_STATE);
+            }
             assert_int_equal(race->outcome[i], LAPSE_CANCEL_DONE);
             assert_true(race->event_seq[i] > 0);
         }
     }
-    print_message("race: %lld paid, %lld cancelled\n", (long long)paid,
-                  (long long)cancelled);
+    int64_t lapsed = 0;
+    for (int i = 0; i < RACE_ORDERS; i++) {
+        lapsed += race->pay_rc[i] == LAPSE_ERR_STORE_LAPSED;
+    }
+    print_message("race: %lld paid, %lld cancelled (%lld payments lapsed first)\n",
+                  (long long)paid, (long long)cancelled, (long long)lapsed);
     assert_int_equal(paid + cancelled, RACE_ORDERS);
     assert_int_equal(query_int(f, "SELECT count(*) FROM events"), cancelled);
     assert_int_equal(query_int(f, "SELECT count(DISTINCT order_id) FROM events"),
@@ -983,6 +1155,8 @@ int main(void) {
 #define T(name) cmocka_unit_test_setup_teardown(name, setup, teardown)
     const struct CMUnitTest tests[] = {
         T(test_open_must_exist),
+        cmocka_unit_test(test_open_must_exist_sqlite_paths),
+        T(test_open_creates_the_tables),
         T(test_new_store_files_are_0600),
         cmocka_unit_test(test_open_bad_uri),
         cmocka_unit_test(test_names_are_static_strings),
