@@ -440,20 +440,23 @@ lapse_status_t lapse__pg_map_on_cancel(PGconn *conn, const lapse__pg_map_t *m,
             PQexecParams(conn, m->map.on_cancel[i], 1, &m->id_oid, params, NULL, NULL, 0);
         ExecStatusType st = PQresultStatus(res);
         if (st != PGRES_COMMAND_OK && st != PGRES_TUPLES_OK) {
-            const char *state = PQresultErrorField(res, PG_DIAG_SQLSTATE);
+            /* Copied out before the result is freed. */
+            const char *field = PQresultErrorField(res, PG_DIAG_SQLSTATE);
+            char state[8] = "";
+            snprintf(state, sizeof state, "%s", field != NULL ? field : "");
             char msg[400];
             snprintf(msg, sizeof msg, "%s", PQresultErrorMessage(res));
             msg[strcspn(msg, "\n")] = '\0';
+            PQclear(res);
             /* Connection trouble, a lock or deadlock: worth another try soon. */
-            bool retriable = state == NULL || strncmp(state, "08", 2) == 0 ||
+            bool retriable = state[0] == '\0' || strncmp(state, "08", 2) == 0 ||
                              strncmp(state, "40", 2) == 0 ||
                              strcmp(state, "55P03") == 0 ||
                              strncmp(state, "57P0", 4) == 0;
-            PQclear(res);
             return lapse_error_set(
                 err, retriable ? LAPSE_ERR_STORE_BUSY : LAPSE_ERR_STORE_SQL,
                 "on_cancel statement %zu for order %s: %s%s%s", i + 1, order_id, msg,
-                state != NULL ? " SQLSTATE " : "", state != NULL ? state : "");
+                state[0] != '\0' ? " SQLSTATE " : "", state);
         }
         PQclear(res);
     }

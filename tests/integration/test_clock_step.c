@@ -65,7 +65,12 @@ static long long logged_step(h_ctx_t *h) {
 }
 
 static pid_t spawn_stepped_consumer(h_ctx_t *h, const char *const *args) {
-    assert_true(h_faketime_available());
+    if (!h_faketime_available()) {
+        /* Installed by scripts/setup: only the sanitized build leaves it out (why is
+         * printed above); there, this test has nothing to step the clock with. */
+        h_teardown(h);
+        skip();
+    }
     /* A queue for the events, so that they have somewhere to go. */
     amqp_connection_state_t conn = h_amqp_open(h);
     char events_x[128];

@@ -103,7 +103,10 @@ static void test_held_messages_carry_a_readable_deadline(void **state) {
      * and publishes it down the ladder for the rest of its window. */
     assert_int_equal(h_lapse(&h, NULL, 0, "publish", "early", "--timeout", "2s", NULL),
                      0);
-    assert_true(h_faketime_available());
+    if (!h_faketime_available()) {
+        h_teardown(&h); /* the sanitized build: why is printed above */
+        skip();
+    }
     pid_t consumer =
         h_spawn_env(&h, "consumer.log", (const char *const[]){"consume", NULL},
                     (const char *const[]){H_FAKETIME_ENV, "FAKETIME=-60", NULL});

@@ -319,7 +319,10 @@ static void test_d_consumer_clock_ahead(void **state) {
     h_setup(&h, "ladder-d", "3s", true);
     /* The consumer's wall clock runs 3 s ahead of the broker's (and the test's):
      * libfaketime shifts it, its monotonic clock is left alone. */
-    assert_true(h_faketime_available());
+    if (!h_faketime_available()) {
+        h_teardown(&h); /* the sanitized build: why is printed above */
+        skip();
+    }
     pid_t pid = h_spawn_env(&h, "consumer.log", (const char *const[]){"consume", NULL},
                             (const char *const[]){H_FAKETIME_ENV, "FAKETIME=+3", NULL});
 

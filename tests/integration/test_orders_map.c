@@ -280,8 +280,10 @@ static void test_failing_on_cancel_rolls_back_and_parks(void **state) {
               " it.sku = i.sku\", \"UPDATE shop.seats SET held_by = NULL WHERE"
               " held_by = $1 AND 1 / (CASE WHEN $1 = 7 THEN 0 ELSE 1 END) = 1\"]}");
     publish_all(&h, "map.json", n);
-    const char *args[] = {
-        "--orders-map", h_path(&h, "map.json"), "consume", "--max-attempts", "2", NULL};
+    char map_path[PATH_MAX + 64];
+    snprintf(map_path, sizeof map_path, "%s", h_path(&h, "map.json"));
+    const char *args[] = {"--orders-map",   map_path, "consume",
+                          "--max-attempts", "2",      NULL};
     pid_t c = h_spawn(&h, "consumer.log", args);
     assert_int_equal(h_wait_sql(&h, n - 1, h_ms(20000),
                                 "SELECT count(*) FROM shop.orders WHERE status ="

@@ -374,6 +374,16 @@ pid_t h_spawn_env(h_ctx_t *h, const char *log, const char *const *args,
 }
 
 bool h_faketime_available(void) {
+    /* Preloaded into a sanitized lapse (which links libpq and what it pulls in), the
+     * library stops in its own initialisation ("Unexpected recursive calls to
+     * clock_gettime()") and the process never gets going; the normal build runs these
+     * tests in full. The multiplier is how the tests know the build is sanitized. */
+    const char *m = getenv("LAPSE_TEST_TIMEOUT_MULTIPLIER");
+    if (m != NULL && atoi(m) > 1) {
+        printf("libfaketime left out: it hangs at start in the sanitized build\n");
+        fflush(stdout);
+        return false;
+    }
     return access(H_LIBFAKETIME, R_OK) == 0;
 }
 
