@@ -200,6 +200,15 @@ static void test_sigterm_while_the_store_is_locked(void **state) {
     fclose(f);
     assert_int_equal(
         h_lapse(&h, NULL, 0, "publish", "--batch", h_path(&h, "orders.jsonl"), NULL), 0);
+    /* The consumer is running before the lock: one that is still opening the file
+     * when the lock comes waits in its open instead (20 tries of a 5 s busy wait), and
+     * that is not the case under test. */
+    for (int64_t until = h_now_ms() + h_ms(20000);
+         h_count_lines(&h, "consumer.log", "event=consuming") == 0 &&
+         h_now_ms() < until;) {
+        usleep(50000);
+    }
+    assert_true(h_count_lines(&h, "consumer.log", "event=consuming") >= 1);
     pid_t locker = lock_store(&h, 40000);
     int64_t t_lock = h_now_ms();
     usleep((useconds_t)(20000 - (h_now_ms() - t_lock)) * 1000);
