@@ -21,6 +21,17 @@ LAPSE_API lapse_status_t lapse_topology_declare(const lapse_config_t *cfg,
  */
 LAPSE_API char *lapse_topology_export(const lapse_config_t *cfg);
 
+/**
+ * The RabbitMQ users and permissions of lapse's three roles for cfg's prefix, as
+ * definitions JSON ({"users":[..],"permissions":[..]}, vhost "/"): <prefix>-publisher,
+ * <prefix>-consumer and <prefix>-operator (tag "management"), each with the narrowest
+ * configure/write/read patterns that work. The users have no password (an empty hash): an
+ * import creates them unable to log in until `rabbitmqctl change_password` sets one, and
+ * importing again clears it.
+ * @return new NUL-terminated string, freed with free(); NULL on OOM.
+ */
+LAPSE_API char *lapse_roles_export(const lapse_config_t *cfg);
+
 /** Called per queue of the topology, in declaration order (classes, the ladder's rungs
  *  00..27, expired, parked, and the events queue when the config names one); queue is
  * borrowed for the call. ttl_ms is the queue's x-message-ttl (how long a message waits

@@ -11,8 +11,12 @@ int cmd_topology(cli_t *cli, int argc, char **argv) {
     if (argc != 1) {
         return cli_usage_error("topology", "expected 'declare' or 'export'");
     }
+    if (cli_opt(cli, CLI_OPT_ROLES) && strcmp(argv[0], "export") != 0) {
+        return cli_usage_error("topology", "--roles goes with 'export'");
+    }
     if (strcmp(argv[0], "export") == 0) {
-        char *json = lapse_topology_export(cli->cfg);
+        char *json = cli_opt(cli, CLI_OPT_ROLES) ? lapse_roles_export(cli->cfg)
+                                                 : lapse_topology_export(cli->cfg);
         if (!json) {
             fprintf(stderr, "lapse topology: out of memory\n");
             return CLI_EXIT_FAILED;

@@ -180,6 +180,12 @@ const cli_option_t cli_options[] = {
          "{\"order_id\":..,\"timeout\":\"30m\"} or {\"order_id\":..,\"deadline\":..}, "
          "optional \"holds\":[..]"},
 
+    {.name = "roles",
+     .id = CLI_OPT_ROLES,
+     .commands = IN(TOPOLOGY),
+     .help = "export: print the publisher, consumer and operator users (no password) "
+             "and their permissions instead of the topology"},
+
     /* Listings */
     {.name = "json",
      .id = CLI_OPT_JSON,
@@ -284,11 +290,14 @@ const cli_command_t cli_commands[] = {
      "headers, and removes each parked copy once the broker confirmed it. A replayed "
      "message is processed like any other. ORDER_ID: the messages whose message_id or "
      "body order_id is ORDER_ID (exit 4 when there is none)."},
-    {CLI_CMD_TOPOLOGY, "topology", NULL, "(declare | export)",
+    {CLI_CMD_TOPOLOGY, "topology", NULL, "(declare | export [--roles])",
      "declare the exchanges and queues | print them as definitions JSON",
      "declare: declare exchanges, queues and bindings on the broker (idempotent). "
      "export: print them as RabbitMQ definitions JSON, for the management UI or "
-     "rabbitmqctl import_definitions."},
+     "rabbitmqctl import_definitions. export --roles: print the users "
+     "<prefix>-publisher, <prefix>-consumer and <prefix>-operator with the narrowest "
+     "permissions each role needs and no password; import them once, then give each a "
+     "password with rabbitmqctl change_password (importing again clears it)."},
     {CLI_CMD_DEMO, "demo", NULL, "", "a short end-to-end run against the broker",
      "Publishes seven orders: six with windows of the two shortest --classes (each at "
      "most 60s) and one 1.5 s longer than the second, which goes down the delay ladder; "

@@ -44,7 +44,8 @@ typedef enum cli_opt_id {
     CLI_OPT_HOLD,
     CLI_OPT_BATCH,
     CLI_OPT_ALL,
-    CLI_OPT_MARKDOWN
+    CLI_OPT_MARKDOWN,
+    CLI_OPT_ROLES
 } cli_opt_id_t;
 
 enum {

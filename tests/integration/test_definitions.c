@@ -500,10 +500,113 @@ static void test_import_into_fresh_vhost(void **state) {
     h_teardown(h);
 }
 
+/* The README's permissions cell for role (its row "| ROLE (..."), column col (0
+ * configure, 1 write, 2 read), unescaped (\| is |, the backticks dropped), into out. */
+static void readme_cell(const char *readme, const char *role, int col, char *out,
+                        size_t cap) {
+    char head[64];
+    snprintf(head, sizeof head, "\n| %s (", role);
+    const char *row = strstr(readme, head);
+    assert_non_null(row);
+    row++;
+    const char *end = strchr(row, '\n');
+    assert_non_null(end);
+    /* Skip the role's cell: cells are split by a '|' that is not escaped. */
+    int cell = -1;
+    const char *c = row;
+    for (; c < end; c++) {
+        if (*c == '|' && (c == row || c[-1] != '\\') && ++cell == col + 1) {
+            break;
+        }
+    }
+    assert_true(c < end);
+    const char *open = strchr(c, '`');
+    assert_true(open && open < end);
+    size_t n = 0;
+    for (const char *p = open + 1; p < end && *p != '`' && n + 1 < cap; p++) {
+        if (*p == '\\' && p[1] == '|') {
+            continue;
+        }
+        out[n++] = *p;
+    }
+    out[n] = '\0';
+}
+
+/* definitions/roles.json is exactly `topology export --roles` for the defaults, and the
+ * README's permissions table says the same patterns: one table, three copies, kept equal
+ * here. */
+static void test_roles_file_equals_export_and_readme(void **state) {
+    (void)state;
+    const char *src = getenv("LAPSE_SOURCE_DIR");
+    assert_non_null(src);
+    h_ctx_t h;
+    h_setup(&h, "defs-roles", "30m", false);
+    unset_lapse_env();
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/definitions/roles.json", src);
+    char *file = read_file(path);
+    assert_non_null(file);
+    chomp(file);
+    char *out = malloc(OUT_CAP);
+    assert_non_null(out);
+    assert_int_equal(h_run(&h, out, OUT_CAP, "topology", "export", "--roles", NULL), 0);
+    chomp(out);
+    assert_string_equal(out, file);
+    assert_int_equal(
+        h_run(&h, out, OUT_CAP, "--prefix", "shop", "topology", "export", "--roles", NULL),
+        0);
+    assert_non_null(strstr(out, "\"shop-consumer\""));
+    assert_null(strstr(out, "lapse"));
+    assert_int_equal(h_run(&h, out, OUT_CAP, "topology", "declare", "--roles", NULL), 2);
+
+    json_t *root = json_loads(file, 0, NULL);
+    assert_non_null(root);
+    json_t *users = json_object_get(root, "users");
+    json_t *perms = json_object_get(root, "permissions");
+    assert_int_equal(json_array_size(users), 3);
+    assert_int_equal(json_array_size(perms), 3);
+    size_t i;
+    json_t *u;
+    json_array_foreach(users, i, u) {
+        /* No password hash ships: the users cannot log in until given a password. */
+        assert_string_equal(json_string_value(json_object_get(u, "password_hash")), "");
+    }
+
+    snprintf(path, sizeof path, "%s/README.md", src);
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    char *readme = malloc(1 << 20);
+    assert_non_null(readme);
+    size_t n = fread(readme, 1, (1 << 20) - 1, f);
+    fclose(f);
+    readme[n] = '\0';
+    const char *roles[] = {"publisher", "consumer", "operator"};
+    const char *cols[] = {"configure", "write", "read"};
+    for (size_t r = 0; r < 3; r++) {
+        char user[64];
+        snprintf(user, sizeof user, "lapse-%s", roles[r]);
+        json_t *p = find_named(perms, "user", user);
+        assert_non_null(p);
+        for (int col = 0; col < 3; col++) {
+            char cell[256];
+            readme_cell(readme, roles[r], col, cell, sizeof cell);
+            printf("%s %s: README %s, roles.json %s\n", roles[r], cols[col], cell,
+                   json_string_value(json_object_get(p, cols[col])));
+            assert_string_equal(cell, json_string_value(json_object_get(p, cols[col])));
+        }
+    }
+    free(readme);
+    json_decref(root);
+    free(out);
+    free(file);
+    h_teardown(&h);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_export_equals_definitions_file),
         cmocka_unit_test(test_events_queue_file_equals_export_addition),
+        cmocka_unit_test(test_roles_file_equals_export_and_readme),
         cmocka_unit_test_teardown(test_import_into_fresh_vhost, import_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

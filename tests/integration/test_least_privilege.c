@@ -1,9 +1,11 @@
 /* SPDX-License-Identifier: MIT
- * Issue 10: the permissions the README documents are enough, and used as written. A
+ * Issues 10 and 13: the roles of `topology export --roles` (the README's table; the
+ * definitions test keeps them equal), imported as the README says, are enough. A
  * publisher user publishes; a consumer user consumes, cancels, parks, sends an early
  * message back down the ladder, publishes events and probes the broker's clock; an
- * operator user declares the topology and lists parked messages. Each user has exactly
- * the README's regular expressions, for the test's prefix. */
+ * operator user declares the topology, lists and replays parked messages. And no more:
+ * the publisher cannot consume the expired queue, the consumer cannot purge a holding
+ * queue. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -17,54 +19,61 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <limits.h>
 #include <unistd.h>
 
 #define ORDERS 12
 
-/* The README's regular expressions with "lapse" replaced by prefix p (letters, digits
- * and dashes only, so it needs no escaping), in JSON (backslashes doubled). */
-static void permissions_json(const char *role, const char *p, char *out, size_t cap) {
-    if (strcmp(role, "consumer") == 0) {
-        snprintf(out, cap,
-                 "{\"configure\":\"^amq\\\\.gen-.*\","
-                 "\"write\":\"^(%s\\\\.(parked|events|delay\\\\.\\\\d\\\\d)|amq\\\\."
-                 "default)$\","
-                 "\"read\":\"^(%s\\\\.expired|amq\\\\.gen-.*)$\"}",
-                 p, p);
-    } else if (strcmp(role, "publisher") == 0) {
-        snprintf(
-            out, cap,
-            "{\"configure\":\"^$\",\"write\":\"^%s\\\\.(hold|delay\\\\.\\\\d\\\\d)$\","
-            "\"read\":\"^$\"}",
-            p);
-    } else {
-        snprintf(
-            out, cap,
-            "{\"configure\":\"^%s\\\\.\",\"write\":\"^%s\\\\.\",\"read\":\"^%s\\\\.\"}",
-            p, p, p);
-    }
+/* The three users of `lapse topology export --roles` for the test's prefix, imported
+ * as the README says (definitions with no password), then each given the password "pw"
+ * as `rabbitmqctl change_password` would; role's URL into url. */
+static void import_roles(h_ctx_t *h) {
+    char *json = malloc(1 << 16);
+    assert_non_null(json);
+    assert_int_equal(h_lapse(h, json, 1 << 16, "topology", "export", "--roles", NULL), 0);
+    assert_int_equal(h_http(h, "POST", "/api/definitions", NULL, json), 204);
+    free(json);
 }
 
-/* A user named lv-<role>-<pid> with password "pw" and the role's permissions on "/"; its
- * URL into url. */
-static void make_user(h_ctx_t *h, const char *role, char *url, size_t cap) {
-    char name[64], path[128], body[1024];
-    snprintf(name, sizeof name, "lv-%s-%d", role, (int)getpid());
-    snprintf(path, sizeof path, "/api/users/%s", name);
-    int st = h_http(h, "PUT", path, NULL, "{\"password\":\"pw\",\"tags\":\"\"}");
-    assert_true(st == 201 || st == 204);
-    permissions_json(role, h->prefix, body, sizeof body);
-    snprintf(path, sizeof path, "/api/permissions/%%2F/%s", name);
-    st = h_http(h, "PUT", path, NULL, body);
-    assert_true(st == 201 || st == 204);
-    const char *at = strchr(h->amqp, '@');
+static void role_url(h_ctx_t *h, const char *role, char *url, size_t cap) {
+    char name[sizeof h->prefix + 16];
+    snprintf(name, sizeof name, "%s-%s", h->prefix, role);
+    /* Imported without a password: the user cannot log in yet, with any password. */
+    char saved[sizeof h->amqp];
+    snprintf(saved, sizeof saved, "%s", h->amqp);
+    const char *at = strchr(saved, '@');
     assert_non_null(at);
+    for (int i = 0; i < 2; i++) {
+        snprintf(h->amqp, sizeof h->amqp, "amqp://%s:%s%s", name, i ? "pw" : "guest", at);
+        assert_int_equal(h_lapse(h, NULL, 0, "status", NULL), 1);
+    }
+    snprintf(h->amqp, sizeof h->amqp, "%s", saved);
+    char line[PATH_MAX + 256];
+    snprintf(line, sizeof line, "'%s' ctl '%s' change_password '%s' pw >>'%s/node.log' 2>&1",
+             getenv("LAPSE_NODE_SCRIPT"), getenv("LAPSE_TEST_NODE"), name, h->dir);
+    assert_int_equal(system(line), 0);
     snprintf(url, cap, "amqp://%s:pw%s", name, at);
+}
+
+/* The last RPC on conn's channel 1 was refused with 403 ACCESS_REFUSED; prints it. */
+static void assert_access_refused(amqp_connection_state_t conn, const char *what) {
+    amqp_rpc_reply_t r = amqp_get_rpc_reply(conn);
+    assert_int_equal(r.reply_type, AMQP_RESPONSE_SERVER_EXCEPTION);
+    assert_int_equal(r.reply.id, AMQP_CHANNEL_CLOSE_METHOD);
+    const amqp_channel_close_t *close = r.reply.decoded;
+    printf("%s: %d %.*s\n", what, close->reply_code, (int)close->reply_text.len,
+           (const char *)close->reply_text.bytes);
+    assert_int_equal(close->reply_code, 403);
+    amqp_channel_close_ok_t ok = {0};
+    amqp_send_method(conn, 1, AMQP_CHANNEL_CLOSE_OK_METHOD, &ok);
+    /* Channel 1 again, so the connection closes cleanly. */
+    amqp_channel_open(conn, 1);
+    assert_int_equal(amqp_get_rpc_reply(conn).reply_type, AMQP_RESPONSE_NORMAL);
 }
 
 static void drop_user(h_ctx_t *h, const char *role) {
     char path[128];
-    snprintf(path, sizeof path, "/api/users/lv-%s-%d", role, (int)getpid());
+    snprintf(path, sizeof path, "/api/users/%s-%s", h->prefix, role);
     h_http(h, "DELETE", path, NULL, NULL);
 }
 
@@ -75,9 +84,10 @@ static void test_least_privilege_users_do_their_jobs(void **state) {
     char guest[sizeof h.amqp];
     snprintf(guest, sizeof guest, "%s", h.amqp);
     char pub_url[sizeof h.amqp], cons_url[sizeof h.amqp], op_url[sizeof h.amqp];
-    make_user(&h, "publisher", pub_url, sizeof pub_url);
-    make_user(&h, "consumer", cons_url, sizeof cons_url);
-    make_user(&h, "operator", op_url, sizeof op_url);
+    import_roles(&h);
+    role_url(&h, "publisher", pub_url, sizeof pub_url);
+    role_url(&h, "consumer", cons_url, sizeof cons_url);
+    role_url(&h, "operator", op_url, sizeof op_url);
     amqp_connection_state_t conn = h_amqp_open(&h);
     char events[160], tap[160], parked[160], expired[160];
     snprintf(events, sizeof events, "%s.events", h.prefix);
@@ -151,6 +161,30 @@ static void test_least_privilege_users_do_their_jobs(void **state) {
     assert_int_equal(h_lapse(&h, out, sizeof out, "parked", "list", NULL), 0);
     assert_non_null(strstr(out, "ERR_MSG_JSON"));
     assert_int_equal(h_lapse(&h, NULL, 0, "status", NULL), 0);
+    /* parked replay: back to the expired queue (no consumer runs now), parked empty. */
+    assert_int_equal(h_lapse(&h, out, sizeof out, "parked", "replay", "--all", NULL), 0);
+    assert_int_equal(h_queue_depth(conn, parked), 0);
+    for (int i = 0; i < 100 && h_queue_depth(conn, expired) < 1; i++) {
+        usleep(50000);
+    }
+    assert_int_equal(h_queue_depth(conn, expired), 1);
+
+    /* What the roles may not do: the publisher consume from the expired queue, the
+     * consumer purge a holding queue. */
+    char hold[160];
+    snprintf(hold, sizeof hold, "%s.hold.2s", h.prefix);
+    snprintf(h.amqp, sizeof h.amqp, "%s", pub_url);
+    amqp_connection_state_t pconn = h_amqp_open(&h);
+    amqp_basic_consume(pconn, 1, amqp_cstring_bytes(expired), amqp_empty_bytes, 0, 0, 0,
+                       amqp_empty_table);
+    assert_access_refused(pconn, "publisher basic.consume expired");
+    h_amqp_close(pconn);
+    snprintf(h.amqp, sizeof h.amqp, "%s", cons_url);
+    amqp_connection_state_t cconn = h_amqp_open(&h);
+    amqp_queue_purge(cconn, 1, amqp_cstring_bytes(hold));
+    assert_access_refused(cconn, "consumer queue.purge hold");
+    h_amqp_close(cconn);
+    assert_int_equal(h_queue_depth(conn, expired), 1);
 
     snprintf(h.amqp, sizeof h.amqp, "%s", guest);
     h_amqp_close(conn);
