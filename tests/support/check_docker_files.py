@@ -252,12 +252,35 @@ def read_conf_value(path, keys):
 DEFINITIONS_KEYS = ("load_definitions", "management.load_definitions", "definitions.local.path")
 
 
-def consumer_login(services):
-    """(user, password, vhost) of the lapse-consumer's LAPSE_AMQP_URL, or None."""
-    consumer = services.get("lapse-consumer") or {}
-    env = consumer.get("environment") or {}
+def service_env(svc):
+    env = (svc or {}).get("environment") or {}
     if isinstance(env, list):
         env = dict(e.split("=", 1) for e in env if "=" in e)
+    return env
+
+
+def secret_file(compose, compose_dir, svc, path):
+    """The host file behind a service's /run/secrets/NAME, or None."""
+    m = re.match(r"^/run/secrets/([^/]+)$", path or "")
+    if not m:
+        return None
+    names = [x if isinstance(x, str) else (x or {}).get("source") for x in svc.get("secrets") or []]
+    if m.group(1) not in names:
+        problem(f"lapse-consumer: {path} names secret '{m.group(1)}', which the service does "
+                f"not list under secrets:")
+        return None
+    sec = (compose.get("secrets") or {}).get(m.group(1)) or {}
+    if "file" not in sec:
+        problem(f"secret '{m.group(1)}' has no file: in compose.yaml's top-level secrets:")
+        return None
+    return os.path.normpath(os.path.join(compose_dir, sec["file"]))
+
+
+def consumer_login(services, compose=None, compose_dir="."):
+    """(user, password, vhost) of the lapse-consumer's LAPSE_AMQP_URL (the password from
+    LAPSE_AMQP_PASSWORD_FILE when that names a compose secret), or None."""
+    consumer = services.get("lapse-consumer") or {}
+    env = service_env(consumer)
     url = env.get("LAPSE_AMQP_URL", "")
     m = re.match(r"^amqps?://(?:([^:@/]*)(?::([^@/]*))?@)?[^/]*(?:/(.*))?$", url)
     if not m:
@@ -266,6 +289,22 @@ def consumer_login(services):
     user = urllib.parse.unquote(m.group(1)) if m.group(1) else "guest"
     password = urllib.parse.unquote(m.group(2)) if m.group(2) is not None else "guest"
     vhost = "/" if m.group(3) is None else urllib.parse.unquote(m.group(3))
+    pw_file = env.get("LAPSE_AMQP_PASSWORD_FILE")
+    if pw_file:
+        host = secret_file(compose or {}, compose_dir, consumer, pw_file)
+        if host is None:
+            if not pw_file.startswith("/run/secrets/"):
+                problem(f"lapse-consumer: LAPSE_AMQP_PASSWORD_FILE {pw_file} is not a "
+                        f"/run/secrets/ path this check can follow")
+            return None
+        try:
+            with open(host, encoding="utf-8") as f:
+                password = f.read().rstrip("\r\n")
+        except OSError as e:
+            problem(f"lapse-consumer: the password file's secret {host} cannot be read: "
+                    f"{e.strerror}")
+            return None
+        ok(f"lapse-consumer: the password comes from the secret file {os.path.basename(host)}")
     return user, password, vhost
 
 
@@ -322,7 +361,7 @@ def definitions_files(key, path, mounts, root, conf_name):
     return [(os.path.join(path, n), files[n]) for n in order]
 
 
-def check_boot_definitions(files, root, services):
+def check_boot_definitions(files, root, services, compose=None, compose_dir="."):
     """A node that imports definitions on its first boot creates neither the default vhost
     nor the guest user (observed on 3.10.8: boot fails with {no_such_vhost,<<"/">>} when the
     definitions declare queues in "/" without declaring "/"). The files are imported one by
@@ -371,7 +410,7 @@ def check_boot_definitions(files, root, services):
         problem(f"the broker's definitions do not include {rel(topology, root)} (the "
                 f"`lapse topology export` output)")
 
-    login = consumer_login(services)
+    login = consumer_login(services, compose, compose_dir)
     if login is None:
         return
     user, password, vhost = login
@@ -395,13 +434,68 @@ def check_boot_definitions(files, root, services):
                 f"lapse-consumer's LAPSE_AMQP_URL)")
         return
     pdef, pname = perms[(user, vhost)]
-    empty = [k for k in ("configure", "write", "read") if not pdef.get(k)]
-    if empty:
-        problem(f"{pname}: user '{user}' has empty {'/'.join(empty)} permission(s) on vhost "
-                f"'{vhost}'; the consumer declares, publishes and consumes there")
+    # Least privilege: each role user of the broker has exactly its role's permissions of
+    # definitions/roles.json (`lapse topology export --roles`), the consumer's login too.
+    with open(os.path.join(root, "definitions", "roles.json"), encoding="utf-8") as f:
+        roles = {p_["user"]: p_ for p_ in json.load(f)["permissions"]}
+    want = roles.get("lapse-consumer")
+    diff = [k for k in ("configure", "write", "read") if pdef.get(k) != want.get(k)]
+    if diff:
+        problem(f"{pname}: user '{user}' (the consumer's login) has {'/'.join(diff)} "
+                f"permission(s) other than the consumer role's in definitions/roles.json")
     else:
-        ok(f"{pname} defines user '{user}' with configure/write/read permissions on vhost "
-           f"'{vhost}'")
+        ok(f"{pname} gives user '{user}' exactly the consumer role's permissions")
+    for (u, vh), (p_, n_) in perms.items():
+        if u in roles:
+            if any(p_.get(k) != roles[u].get(k) for k in ("configure", "write", "read")):
+                problem(f"{n_}: user '{u}' has permissions other than definitions/roles.json's")
+            else:
+                ok(f"{n_}: user '{u}' has its role's permissions")
+    for u, (udef, n_) in users.items():
+        if "administrator" in (udef.get("tags") or []):
+            problem(f"{n_}: user '{u}' is an administrator; no role needs that")
+
+
+def check_hardening(services, mounts):
+    """The consumer runs read-only, without capabilities or privilege gains, with a
+    healthcheck; the broker image is pinned to one version of a supported series; the
+    broker refuses oversized messages."""
+    consumer = services.get("lapse-consumer") or {}
+    if consumer.get("read_only") is True:
+        ok("lapse-consumer: read_only root file system")
+    else:
+        problem("lapse-consumer: no read_only: true")
+    if "ALL" in (consumer.get("cap_drop") or []):
+        ok("lapse-consumer: cap_drop ALL")
+    else:
+        problem("lapse-consumer: cap_drop does not drop ALL")
+    if any(str(o).replace("=", ":") in ("no-new-privileges:true", "no-new-privileges")
+           for o in consumer.get("security_opt") or []):
+        ok("lapse-consumer: no-new-privileges")
+    else:
+        problem("lapse-consumer: no security_opt no-new-privileges:true")
+    test = (consumer.get("healthcheck") or {}).get("test") or []
+    if test[:3] == ["CMD", "lapse", "health"]:
+        ok("lapse-consumer: healthcheck runs `lapse health`")
+        if not service_env(consumer).get("LAPSE_METRICS_LISTEN"):
+            problem("lapse-consumer: `lapse health` needs LAPSE_METRICS_LISTEN in the environment")
+    else:
+        problem(f"lapse-consumer: healthcheck is {test!r}, not [CMD, lapse, health]")
+    image = (services.get("rabbitmq") or {}).get("image", "")
+    m = re.match(r"^rabbitmq:(\d+)\.(\d+)\.(\d+)(-management)?$", image)
+    if not m:
+        problem(f"rabbitmq: image '{image}' is not pinned to one version (rabbitmq:X.Y.Z-management)")
+    elif int(m.group(1)) < 4:
+        problem(f"rabbitmq: image '{image}' is a 3.x series, past its end of support")
+    else:
+        ok(f"rabbitmq: image pinned to {image}")
+    conf = next((h for t, h in mounts.items() if t.endswith("rabbitmq.conf")), None)
+    _, size = read_conf_value(conf, ("max_message_size",)) if conf else (None, None)
+    if size is None or not size.isdigit() or int(size) < 32768 or int(size) > 16 << 20:
+        problem(f"rabbitmq.conf: max_message_size is {size!r}; set one between 32 KiB (a "
+                f"parked message) and 16 MiB")
+    else:
+        ok(f"rabbitmq.conf: max_message_size = {size}")
 
 
 def main(argv):
@@ -503,7 +597,9 @@ def main(argv):
         else:
             files = definitions_files(key, path, mounts, root, conf_name)
             if files:
-                check_boot_definitions(files, root, services)
+                check_boot_definitions(files, root, services, compose, compose_dir)
+
+    check_hardening(services, mounts)
 
     if problems:
         print(f"check_docker_files: {len(problems)} problem(s):", file=sys.stderr)
