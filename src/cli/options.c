@@ -254,7 +254,9 @@ const cli_command_t cli_commands[] = {
     {CLI_CMD_CONSUME, "consume", NULL, "",
      "the long-running consumer: cancel orders as their windows lapse",
      "Runs until SIGINT/SIGTERM: then finishes and acks what it holds and exits 0. "
-     "Logs one key=value line per decision to stderr."},
+     "Logs one key=value line per decision to stderr, at level info (see --log-level, "
+     "--log-format). Under systemd (NOTIFY_SOCKET set) it sends READY=1 once subscribed, "
+     "STATUS= lines, WATCHDOG=1 while its loop turns and STOPPING=1 on SIGTERM."},
     {CLI_CMD_STATUS, "status", NULL, "[ORDER_ID]",
      "queues and order counts, or one order",
      "Without ORDER_ID: messages and consumers per queue (each class, each rung of the "
