@@ -299,6 +299,36 @@ static lapse_status_t set_queue_type(lapse_config_t *cfg, const char *value,
     return LAPSE_OK;
 }
 
+static const char *const level_names[] = {"error", "warning", "info", "debug"};
+
+/* "warn" is accepted too: it is how the text log line spells the level. */
+static lapse_status_t set_log_level(lapse_config_t *cfg, const char *value,
+                                    lapse_error_t *err) {
+    for (size_t i = 0; i < sizeof level_names / sizeof level_names[0]; i++) {
+        if (strcmp(value, level_names[i]) == 0) {
+            cfg->log_level = (lapse_log_level_t)i;
+            return LAPSE_OK;
+        }
+    }
+    if (strcmp(value, "warn") == 0) {
+        cfg->log_level = LAPSE_LOG_WARN;
+        return LAPSE_OK;
+    }
+    return lapse_error_set(err, LAPSE_ERR_CONFIG_VALUE,
+                           "log level \"%s\" is not debug, info, warning or error",
+                           value);
+}
+
+static lapse_status_t set_log_format(lapse_config_t *cfg, const char *value,
+                                     lapse_error_t *err) {
+    if (strcmp(value, "text") != 0 && strcmp(value, "json") != 0) {
+        return lapse_error_set(err, LAPSE_ERR_CONFIG_VALUE,
+                               "log format \"%s\" is not text or json", value);
+    }
+    cfg->log_json = strcmp(value, "json") == 0;
+    return LAPSE_OK;
+}
+
 /*
  * The property table (librdkafka's rdkafka_conf.c is the model): every property once,
  * with its environment variable, its default and how it is parsed and shown. set, get,
@@ -326,6 +356,14 @@ typedef struct prop {
 
 static const char *show_queue_type(const lapse_config_t *cfg) {
     return cfg->quorum ? "quorum" : "classic";
+}
+
+static const char *show_log_level(const lapse_config_t *cfg) {
+    return level_names[cfg->log_level];
+}
+
+static const char *show_log_format(const lapse_config_t *cfg) {
+    return cfg->log_json ? "json" : "text";
 }
 
 #define FIELD(f) offsetof(lapse_config_t, f)
@@ -363,6 +401,10 @@ static const prop_t props[] = {
      NULL, NULL},
     {"events_queue", "LAPSE_EVENTS_QUEUE", "", PROP_CUSTOM, FIELD(events_queue), 0, 0,
      NULL, set_events_queue, NULL},
+    {"log_level", "LAPSE_LOG_LEVEL", "info", PROP_CUSTOM, 0, 0, 0, NULL, set_log_level,
+     show_log_level},
+    {"log_format", "LAPSE_LOG_FORMAT", "text", PROP_CUSTOM, 0, 0, 0, NULL, set_log_format,
+     show_log_format},
 };
 
 #undef FIELD

@@ -44,9 +44,12 @@ struct lapse_config {
 
     lapse_log_cb log_cb;
     void *log_opaque;
+    lapse_log_level_t log_level; /* lines above it are dropped before formatting */
+    bool log_json;               /* log_format: read by the sink (the CLI's), not here */
 };
 
-/** Log a printf-formatted line through cfg's sink (no-op without one). */
+/** Log a printf-formatted line through cfg's sink (no-op without one, or when level is
+ *  above cfg's log_level: checked before anything is formatted). */
 void lapse__log(const lapse_config_t *cfg, lapse_log_level_t level, const char *fmt, ...)
 #if defined(__GNUC__)
     __attribute__((format(printf, 3, 4)))

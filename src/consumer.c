@@ -397,6 +397,21 @@ static lapse_status_t connect_all(lapse_consumer_t *c, lapse_error_t *err) {
     return rc;
 }
 
+static void report(const lapse_consumer_t *c, lapse_consumer_state_t state,
+                   const char *detail) {
+    if (c->state_cb != NULL) {
+        c->state_cb(c->state_opaque, state, detail);
+    }
+}
+
+void lapse_consumer_set_state_cb(lapse_consumer_t *c, lapse_consumer_state_cb cb,
+                                 void *opaque) {
+    if (c != NULL) {
+        c->state_cb = cb;
+        c->state_opaque = opaque;
+    }
+}
+
 static lapse_status_t session(lapse_consumer_t *c, const volatile sig_atomic_t *stop,
                               bool *progress, lapse_error_t *err) {
     /* A missing queue or exchange is named with its fix before forwards fail on it. */
@@ -409,6 +424,8 @@ static lapse_status_t session(lapse_consumer_t *c, const volatile sig_atomic_t *
         c->backlog_at = 0;
     }
     while (rc == LAPSE_OK && !*stop) {
+        /* Subscribed, and the loop turns (a service's readiness and watchdog). */
+        report(c, LAPSE_CONSUMER_CONSUMING, c->topo.expired_queue);
         rc = collect(c, err);
         if (rc == LAPSE_OK && c->n > 0) {
             rc = process(c, stop, err);
@@ -431,9 +448,10 @@ static lapse_status_t session(lapse_consumer_t *c, const volatile sig_atomic_t *
 
 /* Wait out a reconnect backoff, running the sweep's direct cancels when due: they need
  * only the store, and orders the broker lost must not wait for it to come back. */
-static void backoff(lapse_consumer_t *c, int64_t delay_ms) {
+static void backoff(lapse_consumer_t *c, int64_t delay_ms, const char *reason) {
     int64_t until = lapse__time_add(lapse__mono_ms(), delay_ms);
     while (!*c->stop) {
+        report(c, LAPSE_CONSUMER_CONNECTING, reason);
         lapse__consumer_observe_clock(c);
         lapse__consumer_sweep(c, false);
         int64_t left = until - lapse__mono_ms();
@@ -448,6 +466,7 @@ lapse_status_t lapse_consumer_run(lapse_consumer_t *c, const volatile sig_atomic
                                   lapse_error_t *err) {
     unsigned attempt = 0;
     c->stop = stop;
+    report(c, LAPSE_CONSUMER_CONNECTING, "");
     while (!*stop) {
         bool progress = false;
         lapse_status_t rc = session(c, stop, &progress, err);
@@ -471,8 +490,9 @@ lapse_status_t lapse_consumer_run(lapse_consumer_t *c, const volatile sig_atomic
         lapse__log(c->cfg, LAPSE_LOG_WARN,
                    "event=reconnect status=%s reason=\"%s\" attempt=%u delay_ms=%lld",
                    lapse_status_name(rc), text, attempt, (long long)delay);
-        backoff(c, delay);
+        backoff(c, delay, text);
     }
+    report(c, LAPSE_CONSUMER_STOPPING, "");
     /* Stopped: what this consumer cancelled is published before it goes, within a
      * bound, on the connection it has (or a new one). */
     lapse__consumer_events_final(c);

@@ -84,6 +84,8 @@ struct lapse_consumer {
     const lapse_config_t *cfg;
     lapse_store_t *store;
     const volatile sig_atomic_t *stop; /* borrowed from lapse_consumer_run */
+    lapse_consumer_state_cb state_cb;  /* lapse_consumer_set_state_cb; NULL: none */
+    void *state_opaque;
     lapse__topology_t topo;
     char name[96];       /* connection name and consumer tag */
     lapse__broker_t in;  /* deliveries and acks */

@@ -8,7 +8,9 @@
 
 void lapse__log(const lapse_config_t *cfg, lapse_log_level_t level, const char *fmt,
                 ...) {
-    if (cfg == NULL || cfg->log_cb == NULL || fmt == NULL) {
+    /* The level is checked first: a filtered line costs a compare, not a format (the
+     * consumer's decision lines come at up to ~16k/s). */
+    if (cfg == NULL || cfg->log_cb == NULL || fmt == NULL || level > cfg->log_level) {
         return;
     }
     char raw[1024];

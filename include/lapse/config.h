@@ -51,6 +51,10 @@ LAPSE_API void lapse_config_free(lapse_config_t *cfg);
  *   events_queue queue name, up to 95 bytes of [A-Za-z0-9._:-], not amq.*, or "": a
  *                durable queue bound to <prefix>.events for order.cancelled, declared
  *                and exported with the topology (LAPSE_EVENTS_QUEUE, "": none)
+ *   log_level    debug | info | warning (or warn) | error: lines above it never reach
+ *                the log sink, and are not even formatted (LAPSE_LOG_LEVEL, info)
+ *   log_format   text | json: how the sink should write lines; the library only keeps
+ *                it for the sink to read with lapse_config_get (LAPSE_LOG_FORMAT, text)
  * lapse_config_property_name() lists them.
  * @return LAPSE_OK or LAPSE_ERR_CONFIG_* with err describing the value (the value of
  *         amqp_url and store is never repeated in err: it may hold a password).

@@ -134,16 +134,6 @@ int cli_usage_error(const char *cmd, const char *fmt, ...) {
     return CLI_EXIT_USAGE;
 }
 
-void cli_log_stderr(void *opaque, lapse_log_level_t level, const char *line) {
-    (void)opaque;
-    static const char *const names[] = {"error", "warn", "info", "debug"};
-    char ts[LAPSE_RFC3339_LEN];
-    lapse_time_format_rfc3339(lapse_clock_now_ms(), ts);
-    char safe[2048];
-    fprintf(stderr, "%s level=%s %s\n", ts, names[level],
-            strstr(line, "://") ? cli_redact(line, safe, sizeof safe) : line);
-}
-
 static volatile sig_atomic_t stop_flag;
 
 static void on_stop_signal(int sig) {

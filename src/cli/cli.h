@@ -105,9 +105,6 @@ int cli_fail(lapse_status_t rc, const lapse_error_t *err, const char *what);
 int cli_usage_error(const char *cmd, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
-/** Log sink writing "<time> level=<l> <line>" to stderr. */
-void cli_log_stderr(void *opaque, lapse_log_level_t level, const char *line);
-
 /** Install SIGINT/SIGTERM handlers that set and return the stop flag. */
 volatile sig_atomic_t *cli_install_stop_handlers(void);
 

@@ -6,12 +6,15 @@
 
 #include "backoff_int.h"
 #include "config_int.h"
+#include "notify.h"
+
+#include <stdio.h>
 
 /* The store, waited for while it is out of reach (a database server that is down or
  * restarting): a service that exits then would only be restarted into the same
  * failure. Anything else (a wrong URI or password, a newer schema) fails at once. */
 static lapse_store_t *open_store_waiting(cli_t *cli, const volatile sig_atomic_t *stop,
-                                         int *code) {
+                                         cli_notify_t *notify, int *code) {
     for (unsigned attempt = 0;; attempt++) {
         lapse_status_t rc;
         lapse_error_t err = {0};
@@ -23,10 +26,16 @@ static lapse_store_t *open_store_waiting(cli_t *cli, const volatile sig_atomic_t
             return store;
         }
         int64_t wait = lapse__backoff_ms(attempt, 1000, 30000);
+        /* Waiting is this loop turning: the watchdog stays fed (notify.c). */
+        char status[200];
+        snprintf(status, sizeof status, "waiting for the store: %s", err.text);
+        cli_notify_status(notify, status);
+        cli_notify_alive(notify);
         lapse__log(cli->cfg, LAPSE_LOG_WARN,
                    "event=store_unavailable attempt=%u retry_in_ms=%lld reason=\"%s\"",
                    attempt + 1, (long long)wait, err.text);
         if (!lapse__sleep_ms(wait, stop)) {
+            cli_notify_stopping(notify);
             *code = CLI_EXIT_OK; /* SIGTERM while waiting: a clean stop */
             return NULL;
         }
@@ -40,8 +49,11 @@ int cmd_consume(cli_t *cli, int argc, char **argv) {
         return cli_usage_error("consume", "unexpected argument '%s'", argv[0]);
     }
     volatile sig_atomic_t *stop = cli_install_stop_handlers();
+    /* Under systemd (Type=notify): READY=1 once subscribed, the watchdog, STOPPING=1. */
+    cli_notify_t notify;
+    cli_notify_init(&notify);
     int code = CLI_EXIT_OK;
-    lapse_store_t *store = open_store_waiting(cli, stop, &code);
+    lapse_store_t *store = open_store_waiting(cli, stop, &notify, &code);
     if (!store) {
         return code;
     }
@@ -49,6 +61,7 @@ int cmd_consume(cli_t *cli, int argc, char **argv) {
     lapse_error_t err = {0};
     lapse_consumer_t *consumer = lapse_consumer_new(cli->cfg, store, &rc, &err);
     if (consumer) {
+        lapse_consumer_set_state_cb(consumer, cli_notify_consumer_state, &notify);
         rc = lapse_consumer_run(consumer, stop, &err);
     }
     if (rc != LAPSE_OK) {

@@ -2,6 +2,7 @@
  * lapse: parse the command line (parse.c, from the table in options.c), run one
  * command, and check once, for all of them, that stdout was written. */
 #include "cli.h"
+#include "log_sink.h"
 
 #include <stdlib.h>
 
@@ -28,12 +29,15 @@ int main(int argc, char **argv) {
         cli_errorf("out of memory");
         return CLI_EXIT_FAILED;
     }
-    lapse_config_set_log_cb(cfg, cli_log_stderr, NULL);
+    /* Text until the settings are known; nothing logs before they are. */
+    cli_log_t log = {0};
+    lapse_config_set_log_cb(cfg, cli_log_sink, &log);
     cli_t cli = {.cfg = cfg, .self = argv[0]};
     int n_pos = 0;
     char **pos = NULL;
     int code = cli_parse(&cli, argc, argv, &n_pos, &pos);
     if (code == CLI_RUN) {
+        cli_log_setup(&log, cfg);
         code = commands[cli.command->cmd](&cli, n_pos, pos);
     }
     code = cli_finish_stdout(code);

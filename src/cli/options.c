@@ -91,6 +91,20 @@ const cli_option_t cli_options[] = {
      .example = "10",
      .commands = CLI_GLOBAL,
      .help = "AMQP heartbeat interval, 0..3600; 0 turns heartbeats off"},
+    {.name = "log-level",
+     .metavar = "LEVEL",
+     .property = "log_level",
+     .example = "warning",
+     .commands = CLI_GLOBAL,
+     .help = "debug, info, warning or error: log lines below LEVEL are dropped (warning "
+             "drops the consumer's line per decision)"},
+    {.name = "log-format",
+     .metavar = "FORMAT",
+     .property = "log_format",
+     .example = "json",
+     .commands = CLI_GLOBAL,
+     .help = "text (time level=L key=value...) or json (one object a line: ts, level, "
+             "and each key as a string field)"},
     {.name = "help",
      .short_name = 'h',
      .id = CLI_OPT_HELP,
@@ -246,7 +260,9 @@ const cli_command_t cli_commands[] = {
     {CLI_CMD_CONSUME, "consume", NULL, "",
      "the long-running consumer: cancel orders as their windows lapse",
      "Runs until SIGINT/SIGTERM: then finishes and acks what it holds and exits 0. "
-     "Logs one key=value line per decision to stderr."},
+     "Logs one key=value line per decision to stderr, at level info (see --log-level, "
+     "--log-format). Under systemd (NOTIFY_SOCKET set) it sends READY=1 once subscribed, "
+     "STATUS= lines, WATCHDOG=1 while its loop turns and STOPPING=1 on SIGTERM."},
     {CLI_CMD_STATUS, "status", NULL, "[ORDER_ID]",
      "queues and order counts, or one order",
      "Without ORDER_ID: messages and consumers per queue (each class, each rung of the "

@@ -8,13 +8,16 @@
 
 #include "config_int.h"
 
+#include <stdint.h>
 #include <string.h>
 
 static char seen[4096];
+static int calls;
 
 static void sink(void *opaque, lapse_log_level_t level, const char *line) {
     (void)opaque;
     (void)level;
+    calls++;
     strncpy(seen, line, sizeof seen - 1);
 }
 
@@ -43,10 +46,59 @@ static void test_log_line_is_escaped(void **state) {
     lapse_config_free(cfg);
 }
 
+/* Each level lets through the lines at or below it, and drops the others before they are
+ * formatted: a dropped line's argument is never read (a pointer that would crash if it
+ * were). */
+static void test_level_filters_before_formatting(void **state) {
+    (void)state;
+    lapse_config_t *cfg = lapse_config_new();
+    assert_non_null(cfg);
+    lapse_config_set_log_cb(cfg, sink, NULL);
+    assert_string_equal(lapse_config_get(cfg, "log_level"), "info");
+    static const struct {
+        const char *set, *get;
+        int passed; /* of one line at each of error, warn, info, debug */
+    } cases[] = {{"error", "error", 1},
+                 {"warning", "warning", 2},
+                 {"warn", "warning", 2},
+                 {"info", "info", 3},
+                 {"debug", "debug", 4}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        assert_int_equal(lapse_config_set(cfg, "log_level", cases[i].set, NULL),
+                         LAPSE_OK);
+        assert_string_equal(lapse_config_get(cfg, "log_level"), cases[i].get);
+        calls = 0;
+        for (int level = LAPSE_LOG_ERROR; level <= LAPSE_LOG_DEBUG; level++) {
+            lapse__log(cfg, (lapse_log_level_t)level, "event=x level_was=%d", level);
+        }
+        assert_int_equal(calls, cases[i].passed);
+    }
+    assert_int_equal(lapse_config_set(cfg, "log_level", "warning", NULL), LAPSE_OK);
+    calls = 0;
+    const char *poison = (const char *)(uintptr_t)0x10;
+    lapse__log(cfg, LAPSE_LOG_INFO, "event=decision order_id=%s", poison);
+    lapse__log(cfg, LAPSE_LOG_DEBUG, "event=decision order_id=%s", poison);
+    assert_int_equal(calls, 0);
+
+    lapse_error_t err;
+    assert_int_equal(lapse_config_set(cfg, "log_level", "verbose", &err),
+                     LAPSE_ERR_CONFIG_VALUE);
+    assert_non_null(strstr(err.text, "\"verbose\""));
+    assert_string_equal(lapse_config_get(cfg, "log_level"), "warning");
+    assert_string_equal(lapse_config_get(cfg, "log_format"), "text");
+    assert_int_equal(lapse_config_set(cfg, "log_format", "json", NULL), LAPSE_OK);
+    assert_string_equal(lapse_config_get(cfg, "log_format"), "json");
+    assert_int_equal(lapse_config_set(cfg, "log_format", "xml", &err),
+                     LAPSE_ERR_CONFIG_VALUE);
+    assert_string_equal(lapse_config_get(cfg, "log_format"), "json");
+    lapse_config_free(cfg);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_escape_control_bytes),
         cmocka_unit_test(test_log_line_is_escaped),
+        cmocka_unit_test(test_level_filters_before_formatting),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,97 @@
+/* SPDX-License-Identifier: MIT
+ * systemd notifications for `lapse consume` (Type=notify units), through libsystemd's
+ * sd_notify. Without NOTIFY_SOCKET every function returns at once.
+ *
+ * The watchdog is fed while the consume loop turns, whether it is consuming or waiting
+ * out a reconnect backoff: a broker outage is not something a restart fixes (the new
+ * process would wait for the same broker), and while it lasts the consumer still runs
+ * the sweep's direct cancels from the store. What the watchdog catches is a loop that
+ * no longer turns. Whether the broker is reachable is the health check's question. */
+#include "notify.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <systemd/sd-daemon.h>
+#include <time.h>
+
+static int64_t mono_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+void cli_notify_init(cli_notify_t *n) {
+    memset(n, 0, sizeof *n);
+    const char *socket = getenv("NOTIFY_SOCKET");
+    n->on = socket != NULL && socket[0] != '\0';
+    uint64_t usec = 0;
+    /* > 0 only when WATCHDOG_USEC is set and WATCHDOG_PID, if set, is this process. */
+    if (n->on && sd_watchdog_enabled(0, &usec) > 0) {
+        n->watchdog_ms = (int64_t)(usec / 1000);
+        n->watchdog_ms = n->watchdog_ms > 0 ? n->watchdog_ms : 1;
+    }
+}
+
+void cli_notify_status(cli_notify_t *n, const char *text) {
+    if (!n->on || strcmp(n->status, text) == 0) {
+        return;
+    }
+    snprintf(n->status, sizeof n->status, "%s", text);
+    char msg[sizeof n->status + 8];
+    snprintf(msg, sizeof msg, "STATUS=%s", n->status);
+    sd_notify(0, msg);
+}
+
+void cli_notify_alive(cli_notify_t *n) {
+    if (!n->on || n->watchdog_ms == 0) {
+        return;
+    }
+    int64_t now = mono_ms();
+    if (n->pinged_at != 0 && now - n->pinged_at < n->watchdog_ms / 2) {
+        return;
+    }
+    n->pinged_at = now;
+    sd_notify(0, "WATCHDOG=1");
+}
+
+void cli_notify_stopping(cli_notify_t *n) {
+    if (!n->on || n->stopping) {
+        return;
+    }
+    n->stopping = true;
+    snprintf(n->status, sizeof n->status, "stopping: finishing the deliveries in hand");
+    sd_notify(0, "STOPPING=1\nSTATUS=stopping: finishing the deliveries in hand");
+}
+
+void cli_notify_consumer_state(void *opaque, lapse_consumer_state_t state,
+                               const char *detail) {
+    cli_notify_t *n = opaque;
+    if (!n->on) {
+        return;
+    }
+    char text[sizeof n->status];
+    switch (state) {
+        case LAPSE_CONSUMER_CONSUMING:
+            snprintf(text, sizeof text, "consuming %s", detail);
+            if (!n->ready) {
+                /* Subscribed: the queue has this consumer now. */
+                n->ready = true;
+                snprintf(n->status, sizeof n->status, "%s", text);
+                char msg[sizeof text + 24];
+                snprintf(msg, sizeof msg, "READY=1\nSTATUS=%s", text);
+                sd_notify(0, msg);
+            }
+            cli_notify_status(n, text);
+            break;
+        case LAPSE_CONSUMER_CONNECTING:
+            snprintf(text, sizeof text, "%s%s",
+                     detail[0] ? "reconnecting: " : "connecting", detail);
+            cli_notify_status(n, text);
+            break;
+        case LAPSE_CONSUMER_STOPPING:
+            cli_notify_stopping(n);
+            return;
+    }
+    cli_notify_alive(n);
+}

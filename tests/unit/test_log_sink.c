@@ -1,0 +1,212 @@
+/* SPDX-License-Identifier: MIT
+ * The executable's log sink: the text line, the JSON line parsed back field by field,
+ * the journal's priority prefix and how stderr is recognised as the journal. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+
+#include <cmocka.h>
+
+#include "cli/log_sink.h"
+
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* 2026-11-30T07:06:30.941Z */
+#define TS_MS INT64_C(1796022390941)
+
+/* Parse one JSON line: exactly one newline, at its end, and nothing else around it. */
+static json_t *parse_line(const char *out) {
+    size_t len = strlen(out);
+    assert_true(len > 1);
+    assert_int_equal(out[len - 1], '\n');
+    assert_null(memchr(out, '\n', len - 1));
+    json_error_t jerr;
+    json_t *obj = json_loadb(out, len - 1, 0, &jerr);
+    if (obj == NULL) {
+        fail_msg("not JSON (%s): %s", jerr.text, out);
+    }
+    assert_true(json_is_object(obj));
+    return obj;
+}
+
+static const char *field(json_t *obj, const char *key) {
+    json_t *v = json_object_get(obj, key);
+    if (!json_is_string(v)) {
+        fail_msg("field %s missing or not a string", key);
+    }
+    return json_string_value(v);
+}
+
+static void test_text_line(void **state) {
+    (void)state;
+    cli_log_t log = {0};
+    char *out =
+        cli_log_format(&log, TS_MS, LAPSE_LOG_INFO,
+                       "event=decision order_id=ord-7 decision=cancelled lag_ms=24");
+    assert_string_equal(out, "2026-11-30T07:06:30.941Z level=info event=decision "
+                             "order_id=ord-7 decision=cancelled lag_ms=24\n");
+    free(out);
+    out = cli_log_format(NULL, TS_MS, LAPSE_LOG_WARN, "event=x");
+    assert_string_equal(out, "2026-11-30T07:06:30.941Z level=warn event=x\n");
+    free(out);
+}
+
+static void test_json_fields_in_order(void **state) {
+    (void)state;
+    cli_log_t log = {.json = true};
+    char *out = cli_log_format(
+        &log, TS_MS, LAPSE_LOG_WARN,
+        "event=reconnect status=ERR_BROKER_CLOSED reason=\"connection reset by peer\" "
+        "attempt=3 delay_ms=800");
+    json_t *obj = parse_line(out);
+    assert_string_equal(field(obj, "ts"), "2026-11-30T07:06:30.941Z");
+    assert_string_equal(field(obj, "level"), "warn");
+    assert_string_equal(field(obj, "event"), "reconnect");
+    assert_string_equal(field(obj, "status"), "ERR_BROKER_CLOSED");
+    assert_string_equal(field(obj, "reason"), "connection reset by peer");
+    assert_string_equal(field(obj, "attempt"), "3");
+    assert_string_equal(field(obj, "delay_ms"), "800");
+    assert_int_equal(json_object_size(obj), 7);
+    /* ts, level, then the line's own order. */
+    assert_true(strncmp(out, "{\"ts\":", 6) == 0);
+    assert_true(strstr(out, "\"level\"") < strstr(out, "\"event\""));
+    assert_true(strstr(out, "\"status\"") < strstr(out, "\"delay_ms\""));
+    json_decref(obj);
+    free(out);
+}
+
+/* Quotes, backslashes, line breaks, control bytes and bytes that are not UTF-8 all come
+ * out as valid JSON that reads back as the text (or \xHH for a non-UTF-8 byte). */
+static void test_json_escaping(void **state) {
+    (void)state;
+    cli_log_t log = {.json = true};
+    char *out =
+        cli_log_format(&log, TS_MS, LAPSE_LOG_ERROR,
+                       "event=forward_failed reason=\"he said \"no\" a\\b\nc\td\x01"
+                       "e\x1b[2J\" note=\"caf\xc3\xa9 \xff\xfe end\" bare=x\"y");
+    json_t *obj = parse_line(out);
+    assert_string_equal(field(obj, "reason"), "he said \"no\" a\\b\nc\td\x01"
+                                              "e\x1b[2J");
+    assert_string_equal(field(obj, "note"), "caf\xc3\xa9 \\xff\\xfe end");
+    assert_string_equal(field(obj, "bare"), "x\"y");
+    assert_string_equal(field(obj, "level"), "error");
+    /* Escaped on the wire, not raw. */
+    assert_non_null(strstr(out, "\\n"));
+    assert_non_null(strstr(out, "\\u0001"));
+    assert_null(strchr(out, '\x1b'));
+    json_decref(obj);
+    free(out);
+}
+
+/* Words without '=' go to "msg"; a line's own ts or level does not replace the sink's;
+ * an unterminated quote runs to the end of the line. */
+static void test_json_odd_lines(void **state) {
+    (void)state;
+    cli_log_t log = {.json = true};
+    char *out =
+        cli_log_format(&log, TS_MS, LAPSE_LOG_DEBUG,
+                       "hello  event=x ts=1 level=high world =odd tail=\"open end");
+    json_t *obj = parse_line(out);
+    assert_string_equal(field(obj, "msg"), "hello world =odd");
+    assert_string_equal(field(obj, "ts"), "2026-11-30T07:06:30.941Z");
+    assert_string_equal(field(obj, "level"), "debug");
+    assert_string_equal(field(obj, "line_ts"), "1");
+    assert_string_equal(field(obj, "line_level"), "high");
+    assert_string_equal(field(obj, "tail"), "open end");
+    json_decref(obj);
+    free(out);
+
+    out = cli_log_format(&log, TS_MS, LAPSE_LOG_INFO, "");
+    obj = parse_line(out);
+    assert_int_equal(json_object_size(obj), 2);
+    json_decref(obj);
+    free(out);
+}
+
+static void test_passwords_redacted(void **state) {
+    (void)state;
+    const char *line = "event=x url=amqp://app:s3cret@mq:5672/%2f";
+    for (int json = 0; json <= 1; json++) {
+        cli_log_t log = {.json = json};
+        char *out = cli_log_format(&log, TS_MS, LAPSE_LOG_INFO, line);
+        assert_null(strstr(out, "s3cret"));
+        assert_non_null(strstr(out, "amqp://app:***@mq:5672/%2f"));
+        free(out);
+    }
+}
+
+static void test_journal_prefix(void **state) {
+    (void)state;
+    static const struct {
+        lapse_log_level_t level;
+        const char *prefix;
+    } cases[] = {{LAPSE_LOG_ERROR, "<3>"},
+                 {LAPSE_LOG_WARN, "<4>"},
+                 {LAPSE_LOG_INFO, "<6>"},
+                 {LAPSE_LOG_DEBUG, "<7>"}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        cli_log_t text = {.journal = true};
+        char *out = cli_log_format(&text, TS_MS, cases[i].level, "event=x");
+        assert_true(strncmp(out, cases[i].prefix, 3) == 0);
+        assert_true(strncmp(out + 3, "2026-11-30T07:06:30.941Z level=", 31) == 0);
+        free(out);
+        cli_log_t json = {.json = true, .journal = true};
+        out = cli_log_format(&json, TS_MS, cases[i].level, "event=x");
+        assert_true(strncmp(out, cases[i].prefix, 3) == 0);
+        json_t *obj = parse_line(out + 3); /* what journald keeps after the prefix */
+        assert_string_equal(field(obj, "event"), "x");
+        json_decref(obj);
+        free(out);
+    }
+    cli_log_t plain = {0};
+    char *out = cli_log_format(&plain, TS_MS, LAPSE_LOG_ERROR, "event=x");
+    assert_int_not_equal(out[0], '<');
+    free(out);
+}
+
+/* JOURNAL_STREAM counts only when it names the very file on the descriptor. */
+static void test_journal_stream_matches_fd(void **state) {
+    (void)state;
+    char path[] = "/tmp/lapse-test-journal-XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    char other[] = "/tmp/lapse-test-journal-XXXXXX";
+    int fd2 = mkstemp(other);
+    assert_true(fd2 >= 0);
+    struct stat st;
+    assert_int_equal(fstat(fd, &st), 0);
+    char value[64];
+    snprintf(value, sizeof value, "%llu:%llu", (unsigned long long)st.st_dev,
+             (unsigned long long)st.st_ino);
+    assert_true(cli_log_is_journal(value, fd));
+    assert_false(cli_log_is_journal(value, fd2));
+    char trailing[80];
+    snprintf(trailing, sizeof trailing, "%s:1", value);
+    assert_false(cli_log_is_journal(trailing, fd));
+    assert_false(cli_log_is_journal("", fd));
+    assert_false(cli_log_is_journal("8:x", fd));
+    assert_false(cli_log_is_journal(NULL, fd));
+    assert_false(cli_log_is_journal(value, 987)); /* not open */
+    close(fd);
+    close(fd2);
+    unlink(path);
+    unlink(other);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_text_line),
+        cmocka_unit_test(test_json_fields_in_order),
+        cmocka_unit_test(test_json_escaping),
+        cmocka_unit_test(test_json_odd_lines),
+        cmocka_unit_test(test_passwords_redacted),
+        cmocka_unit_test(test_journal_prefix),
+        cmocka_unit_test(test_journal_stream_matches_fd),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
