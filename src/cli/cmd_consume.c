@@ -6,6 +6,8 @@
 
 #include "backoff_int.h"
 #include "config_int.h"
+#include "consumer_int.h"
+#include "metrics_http.h"
 
 /* The store, waited for while it is out of reach (a database server that is down or
  * restarting): a service that exits then would only be restarted into the same
@@ -41,14 +43,17 @@ int cmd_consume(cli_t *cli, int argc, char **argv) {
     }
     volatile sig_atomic_t *stop = cli_install_stop_handlers();
     int code = CLI_EXIT_OK;
-    lapse_store_t *store = open_store_waiting(cli, stop, &code);
+    cli_metrics_t *metrics = cli_metrics_start(cli, &code); /* --metrics-listen */
+    lapse_store_t *store = code == CLI_EXIT_OK ? open_store_waiting(cli, stop, &code) : NULL;
     if (!store) {
+        cli_metrics_stop(metrics);
         return code;
     }
     lapse_status_t rc;
     lapse_error_t err = {0};
     lapse_consumer_t *consumer = lapse_consumer_new(cli->cfg, store, &rc, &err);
     if (consumer) {
+        lapse__consumer_set_metrics(consumer, cli_metrics_registry(metrics));
         rc = lapse_consumer_run(consumer, stop, &err);
     }
     if (rc != LAPSE_OK) {
@@ -59,5 +64,6 @@ int cmd_consume(cli_t *cli, int argc, char **argv) {
     }
     lapse_consumer_free(consumer);
     lapse_store_close(store);
+    cli_metrics_stop(metrics);
     return code;
 }
