@@ -15,7 +15,9 @@
  * stay owed (see lapse__consumer_events_owed), and the next try is a probe of one. */
 static void events_unroutable(lapse_consumer_t *c, size_t returned) {
     int64_t waiting = -1;
-    lapse_store_events_count(c->store, &waiting, NULL);
+    if (lapse_store_events_count(c->store, &waiting, NULL) == LAPSE_OK) {
+        lapse__metrics_outbox(c->metrics, waiting);
+    }
     int64_t delay = lapse__backoff_ms(c->events_attempt++, CONSUMER_EVENTS_RETRY_MIN_MS,
                                       CONSUMER_EVENTS_RETRY_MAX_MS);
     c->events_retry_at = lapse__time_add(lapse__mono_ms(), delay);
