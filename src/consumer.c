@@ -306,10 +306,9 @@ static void decide(lapse_consumer_t *c, int64_t now, size_t n_items) {
                 break;
             case LAPSE__ACT_NOOP:
                 c->stats.noops++;
-                lapse__metrics_decision(c->metrics,
-                                        it->outcome == LAPSE_CANCEL_NOOP_PAID
-                                            ? LAPSE__DEC_NOOP_PAID
-                                            : LAPSE__DEC_NOOP_CANCELLED);
+                lapse__metrics_decision(c->metrics, it->outcome == LAPSE_CANCEL_NOOP_PAID
+                                                        ? LAPSE__DEC_NOOP_PAID
+                                                        : LAPSE__DEC_NOOP_CANCELLED);
                 lapse__log(c->cfg, LAPSE_LOG_INFO,
                            "event=decision order_id=%s decision=%s redelivered=%d",
                            it->order_id, lapse_cancel_outcome_name(it->outcome),
@@ -440,8 +439,8 @@ static lapse_status_t session(lapse_consumer_t *c, const volatile sig_atomic_t *
     }
     drop_batch(c);
     lapse__metrics_subscribed(c->metrics, false,
-                              *stop ? "stopping" : (err && err->text[0] ? err->text
-                                                                         : "failed"));
+                              *stop ? "stopping"
+                                    : (err && err->text[0] ? err->text : "failed"));
     /* Deliveries not acked go back to the queue now, for the other consumers. */
     lapse__broker_close(&c->in);
     if (!*stop) {

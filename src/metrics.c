@@ -12,11 +12,11 @@
 #include <time.h>
 
 /* Bucket bounds, each in its histogram's own unit. */
-static const int64_t LAG_MS[] = {5,    10,   25,    50,    100,   250,   500,
+static const int64_t LAG_MS[] = {5,    10,   25,   50,    100,   250,   500,
                                  1000, 2500, 5000, 10000, 30000, 60000, 300000};
 static const int64_t BATCH[] = {1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000};
-static const int64_t LATENCY_US[] = {100,   250,    500,    1000,   2500,    5000,
-                                     10000, 25000,  50000,  100000, 250000,  500000,
+static const int64_t LATENCY_US[] = {100,     250,     500,     1000,    2500,   5000,
+                                     10000,   25000,   50000,   100000,  250000, 500000,
                                      1000000, 2500000, 5000000, 10000000};
 
 #define LEN(a) (sizeof(a) / sizeof((a)[0]))
@@ -25,9 +25,12 @@ _Static_assert(LEN(BATCH) <= LAPSE__HIST_MAX_BUCKETS, "too many buckets");
 _Static_assert(LEN(LATENCY_US) <= LAPSE__HIST_MAX_BUCKETS, "too many buckets");
 
 static const char *const DECISION_NAME[LAPSE__DEC_COUNT_] = {
-    [LAPSE__DEC_CANCELLED] = "cancelled", [LAPSE__DEC_NOOP_PAID] = "noop_paid",
-    [LAPSE__DEC_NOOP_CANCELLED] = "noop_cancelled", [LAPSE__DEC_EARLY] = "early",
-    [LAPSE__DEC_RETRY] = "retry",         [LAPSE__DEC_PARKED] = "parked"};
+    [LAPSE__DEC_CANCELLED] = "cancelled",
+    [LAPSE__DEC_NOOP_PAID] = "noop_paid",
+    [LAPSE__DEC_NOOP_CANCELLED] = "noop_cancelled",
+    [LAPSE__DEC_EARLY] = "early",
+    [LAPSE__DEC_RETRY] = "retry",
+    [LAPSE__DEC_PARKED] = "parked"};
 
 /* Store and broker latencies are two families, told apart by an op label. */
 static const struct {

@@ -5,7 +5,8 @@
  * registry's mutex and renders it in the Prometheus text exposition format, or asks for
  * the health. The renderer is a pure function of a snapshot.
  * Thread-safety: every lapse__metrics_* function taking a lapse__metrics_t may be called
- * from any thread, and accepts NULL (then it does nothing: a consumer without metrics). */
+ * from any thread, and accepts NULL (then it does nothing: a consumer without metrics).
+ */
 #ifndef LAPSE_METRICS_INT_H
 #define LAPSE_METRICS_INT_H
 
@@ -28,8 +29,8 @@ typedef enum lapse__metric_decision {
 
 /* What a latency histogram times. */
 typedef enum lapse__metric_op {
-    LAPSE__OP_STORE_CANCEL, /* store: one cancel_batch transaction */
-    LAPSE__OP_STORE_COUNT,  /* store: the outbox count (the health probe) */
+    LAPSE__OP_STORE_CANCEL,   /* store: one cancel_batch transaction */
+    LAPSE__OP_STORE_COUNT,    /* store: the outbox count (the health probe) */
     LAPSE__OP_BROKER_CONFIRM, /* broker: waiting for the confirms of a batch's forwards */
     LAPSE__OP_BROKER_ACK,     /* broker: the batch's ack */
     LAPSE__OP_COUNT_
@@ -58,10 +59,10 @@ typedef struct lapse__metrics_values {
     uint64_t events_published;
     uint64_t sweep_cancelled;
     uint64_t clock_steps;
-    lapse__histogram_t cancel_lag;   /* ms */
-    lapse__histogram_t batch_size;   /* deliveries */
+    lapse__histogram_t cancel_lag;                /* ms */
+    lapse__histogram_t batch_size;                /* deliveries */
     lapse__histogram_t latency[LAPSE__OP_COUNT_]; /* µs */
-    int64_t outbox_pending; /* -1: not counted yet */
+    int64_t outbox_pending;                       /* -1: not counted yet */
     int64_t clock_ahead_ms; /* how far the wall clock may be ahead of the broker's;
                                INT64_MAX: no bound known */
     bool subscribed;

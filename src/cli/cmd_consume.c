@@ -44,7 +44,8 @@ int cmd_consume(cli_t *cli, int argc, char **argv) {
     volatile sig_atomic_t *stop = cli_install_stop_handlers();
     int code = CLI_EXIT_OK;
     cli_metrics_t *metrics = cli_metrics_start(cli, &code); /* --metrics-listen */
-    lapse_store_t *store = code == CLI_EXIT_OK ? open_store_waiting(cli, stop, &code) : NULL;
+    lapse_store_t *store =
+        code == CLI_EXIT_OK ? open_store_waiting(cli, stop, &code) : NULL;
     if (!store) {
         cli_metrics_stop(metrics);
         return code;

@@ -48,9 +48,8 @@ static bool wait_for(int fd, short events, int64_t deadline) {
 
 /* A non-blocking socket connected to host:port by the deadline, or -1 with errno. */
 static int connect_to(const char *host, const char *port, int64_t deadline) {
-    struct addrinfo hints = {.ai_family = AF_UNSPEC,
-                             .ai_socktype = SOCK_STREAM,
-                             .ai_flags = AI_NUMERICSERV};
+    struct addrinfo hints = {
+        .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV};
     struct addrinfo *res = NULL;
     if (getaddrinfo(host, port, &hints, &res) != 0) {
         errno = EHOSTUNREACH;
@@ -152,8 +151,7 @@ int cmd_health(cli_t *cli, int argc, char **argv) {
         if (fd >= 0) {
             close(fd);
         }
-        cli_say("health", "no consumer answers on %s (%s)", listen_text,
-                strerror(saved));
+        cli_say("health", "no consumer answers on %s (%s)", listen_text, strerror(saved));
         return CLI_EXIT_FAILED;
     }
     close(fd);

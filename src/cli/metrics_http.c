@@ -51,10 +51,10 @@ static enum MHD_Result reply_text(struct MHD_Connection *conn, unsigned status,
     return reply(conn, status, body, len, "text/plain; charset=utf-8");
 }
 
-static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
-                                  const char *url, const char *method,
-                                  const char *version, const char *upload_data,
-                                  size_t *upload_data_size, void **req_cls) {
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
+                                  const char *method, const char *version,
+                                  const char *upload_data, size_t *upload_data_size,
+                                  void **req_cls) {
     (void)version;
     (void)upload_data;
     cli_metrics_t *metrics = cls;
@@ -86,7 +86,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
             free(body);
             return MHD_NO;
         }
-        return reply(conn, MHD_HTTP_OK, body, len, "text/plain; version=0.0.4; charset=utf-8");
+        return reply(conn, MHD_HTTP_OK, body, len,
+                     "text/plain; version=0.0.4; charset=utf-8");
     }
     if (strcmp(url, "/healthz") == 0) {
         char why[400];
@@ -189,11 +190,10 @@ cli_metrics_t *cli_metrics_start(cli_t *cli, int *code) {
      * KB of text, so one thread is plenty. Connections idle for 10 s are closed. */
     unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO |
                      (family == AF_INET6 ? MHD_USE_IPv6 : 0);
-    metrics->daemon = MHD_start_daemon(flags, 0, NULL, NULL, on_request, metrics,
-                                       MHD_OPTION_LISTEN_SOCKET, (MHD_socket)fd,
-                                       MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)10,
-                                       MHD_OPTION_CONNECTION_LIMIT, (unsigned)64,
-                                       MHD_OPTION_END);
+    metrics->daemon = MHD_start_daemon(
+        flags, 0, NULL, NULL, on_request, metrics, MHD_OPTION_LISTEN_SOCKET,
+        (MHD_socket)fd, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)10,
+        MHD_OPTION_CONNECTION_LIMIT, (unsigned)64, MHD_OPTION_END);
     char name[320];
     bound_name(fd, name, sizeof name);
     if (metrics->daemon == NULL) {

@@ -74,8 +74,8 @@ static double sample(const char *scrape, const char *series) {
 }
 
 typedef struct scrape {
-    double cancelled, noop_paid, noop_cancelled, parked, deliveries, lag_count,
-        batch_sum, batch_count, reconnects, subscribed, sweep_cancelled;
+    double cancelled, noop_paid, noop_cancelled, parked, deliveries, lag_count, batch_sum,
+        batch_count, reconnects, subscribed, sweep_cancelled;
 } scrape_t;
 
 static scrape_t scrape(h_ctx_t *h, const char *base) {
@@ -86,7 +86,8 @@ static scrape_t scrape(h_ctx_t *h, const char *base) {
     scrape_t s = {
         .cancelled = sample(text, "lapse_decisions_total{decision=\"cancelled\"}"),
         .noop_paid = sample(text, "lapse_decisions_total{decision=\"noop_paid\"}"),
-        .noop_cancelled = sample(text, "lapse_decisions_total{decision=\"noop_cancelled\"}"),
+        .noop_cancelled =
+            sample(text, "lapse_decisions_total{decision=\"noop_cancelled\"}"),
         .parked = sample(text, "lapse_parked_total"),
         .deliveries = sample(text, "lapse_deliveries_total"),
         .lag_count = sample(text, "lapse_cancel_lag_seconds_count"),
@@ -133,8 +134,8 @@ static void test_metrics_equal_the_store_and_health_follows_the_broker(void **st
         while (f && fgets(line, sizeof line, f)) {
             const char *at = strstr(line, "event=metrics_listening address=");
             int port = 0;
-            if (at && sscanf(at, "event=metrics_listening address=127.0.0.1:%d", &port) ==
-                          1) {
+            if (at &&
+                sscanf(at, "event=metrics_listening address=127.0.0.1:%d", &port) == 1) {
                 snprintf(base, sizeof base, "http://127.0.0.1:%d", port);
             }
         }
@@ -151,7 +152,8 @@ static void test_metrics_equal_the_store_and_health_follows_the_broker(void **st
     FILE *f = fopen(h_path(&h, "orders.jsonl"), "w");
     assert_non_null(f);
     for (int i = 0; i < ORDERS; i++) {
-        fprintf(f, "{\"order_id\":\"ord-%d\",\"timeout\":\"%s\"}\n", i, i % 2 ? "3s" : "2s");
+        fprintf(f, "{\"order_id\":\"ord-%d\",\"timeout\":\"%s\"}\n", i,
+                i % 2 ? "3s" : "2s");
     }
     fclose(f);
     assert_int_equal(
@@ -161,9 +163,8 @@ static void test_metrics_equal_the_store_and_health_follows_the_broker(void **st
     /* During the run: never more cancellations counted than the store holds (the store
      * commits before the consumer counts), and healthy. */
     char out[256];
-    assert_int_equal(h_lapse(&h, out, sizeof out, "health", "--metrics-listen", listen,
-                             NULL),
-                     0);
+    assert_int_equal(
+        h_lapse(&h, out, sizeof out, "health", "--metrics-listen", listen, NULL), 0);
     assert_string_equal(out, "ok\n");
     int64_t until = h_now_ms() + h_ms(30000);
     scrape_t s;
@@ -179,9 +180,11 @@ static void test_metrics_equal_the_store_and_health_follows_the_broker(void **st
         usleep(250000);
     }
     /* After: equal to what the store shows. */
-    int64_t cancelled = h_sql_int(&h, "SELECT count(*) FROM orders WHERE status='cancelled'");
-    int64_t paid_expired = h_sql_int(&h, "SELECT count(*) FROM orders WHERE status='paid'"
-                                         " AND deadline_ms <= %lld",
+    int64_t cancelled =
+        h_sql_int(&h, "SELECT count(*) FROM orders WHERE status='cancelled'");
+    int64_t paid_expired = h_sql_int(&h,
+                                     "SELECT count(*) FROM orders WHERE status='paid'"
+                                     " AND deadline_ms <= %lld",
                                      (long long)h_now_ms());
     printf("scrape cancelled=%.0f noop_paid=%.0f lag_count=%.0f deliveries=%.0f "
            "batches=%.0f store_cancelled=%lld store_paid_expired=%lld\n",
@@ -215,8 +218,9 @@ static void test_metrics_equal_the_store_and_health_follows_the_broker(void **st
     free(why);
     size_t unhealthy_before = h_count_lines(&h, "cli.log", "lapse health: unhealthy");
     assert_int_equal(h_lapse(&h, NULL, 0, "health", "--metrics-listen", listen, NULL), 1);
-    assert_int_equal(h_count_lines(&h, "cli.log", "lapse health: unhealthy (HTTP 503): "
-                                                  "broker: "),
+    assert_int_equal(h_count_lines(&h, "cli.log",
+                                   "lapse health: unhealthy (HTTP 503): "
+                                   "broker: "),
                      unhealthy_before + 1);
     s = scrape(&h, base);
     assert_true(s.subscribed == 0);
@@ -227,9 +231,8 @@ static void test_metrics_equal_the_store_and_health_follows_the_broker(void **st
     assert_int_equal(wait_health(&h, base, 200, 60000), 200);
     printf("healthz 200 again %lld ms after the restart\n",
            (long long)(h_now_ms() - t_up));
-    assert_int_equal(h_lapse(&h, out, sizeof out, "health", "--metrics-listen", listen,
-                             NULL),
-                     0);
+    assert_int_equal(
+        h_lapse(&h, out, sizeof out, "health", "--metrics-listen", listen, NULL), 0);
     s = scrape(&h, base);
     assert_true(s.reconnects >= 1 && s.subscribed == 1);
 

@@ -155,7 +155,8 @@ static void test_fresh_registry_renders_unknowns(void **state) {
     assert_contains(text, "\nlapse_clock_bound_known 0\n");
     assert_contains(text, "\nlapse_clock_ahead_seconds NaN\n");
     assert_contains(text, "\nlapse_subscribed 0\n");
-    assert_contains(text, "lapse_cancel_lag_seconds_sum 0\nlapse_cancel_lag_seconds_count 0\n");
+    assert_contains(text,
+                    "lapse_cancel_lag_seconds_sum 0\nlapse_cancel_lag_seconds_count 0\n");
     free(text);
     lapse__metrics_clock(m, 100, false);
     lapse__metrics_clock(m, INT64_MAX, true); /* a step drops the bound */
@@ -192,7 +193,8 @@ static void test_exposition_is_well_formed(void **state) {
     bool in_buckets = false;
     size_t histograms = 0;
     char *save = NULL;
-    for (char *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+    for (char *line = strtok_r(text, "\n", &save); line;
+         line = strtok_r(NULL, "\n", &save)) {
         if (strncmp(line, "# HELP ", 7) == 0) {
             sscanf(line + 7, "%127s", family);
             type[0] = '\0';
@@ -290,9 +292,20 @@ static void test_listen_address_syntax(void **state) {
         assert_string_equal(port, good[i].port);
     }
     static const char *const bad[] = {
-        "",          "9464",       "host:",       "host:65536",   "host:-1",
-        "host:94a",  "::1:9464",   "[::1:9464",   "[]:9464",      "ho st:1",
-        "[::1]9464", "host:123456", "[fe80::1%eth0]:9464", "h\"x:1",
+        "",
+        "9464",
+        "host:",
+        "host:65536",
+        "host:-1",
+        "host:94a",
+        "::1:9464",
+        "[::1:9464",
+        "[]:9464",
+        "ho st:1",
+        "[::1]9464",
+        "host:123456",
+        "[fe80::1%eth0]:9464",
+        "h\"x:1",
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char host[64], port[8];
@@ -301,8 +314,8 @@ static void test_listen_address_syntax(void **state) {
         }
     }
     char tiny[4], port[8];
-    assert_false(lapse__metrics_listen_parse("localhost:1", tiny, sizeof tiny, port,
-                                             sizeof port));
+    assert_false(
+        lapse__metrics_listen_parse("localhost:1", tiny, sizeof tiny, port, sizeof port));
 }
 
 int main(void) {
