@@ -5,7 +5,8 @@
  * to what the store shows (decisions cancelled and noop_paid, the cancel-lag histogram's
  * count, deliveries, batch sizes). /healthz and `lapse health` say 200/0 while it
  * consumes, 503/1 once the broker node is killed, 200/0 again after it restarts, and
- * "no consumer answers" once the consumer stopped.
+ * "no consumer answers" once the consumer stopped. On PostgreSQL (integration_metrics_pg)
+ * the same for the store: its cluster killed, 503 "store: ...", 200 once it is back.
  *
  * This test kills the shared test node: it always restarts it, and the group teardown
  * makes sure it answers again before the next test runs. */
@@ -21,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #define ORDERS 100
@@ -104,6 +106,19 @@ static scrape_t scrape(h_ctx_t *h, const char *base) {
     assert_true(sample(text, "lapse_outbox_pending") >= -1);
     free(text);
     return s;
+}
+
+/* `$LAPSE_PG_NODE_SCRIPT cmd $LAPSE_TEST_PG_NODE`, output to <dir>/pg-node.log. */
+static int pg_node(h_ctx_t *h, const char *cmd) {
+    const char *script = getenv("LAPSE_PG_NODE_SCRIPT");
+    const char *name = getenv("LAPSE_TEST_PG_NODE");
+    assert_non_null(script);
+    assert_non_null(name);
+    char line[2 * PATH_MAX];
+    snprintf(line, sizeof line, "'%s' %s '%s' >>'%s' 2>&1", script, cmd, name,
+             h_path(h, "pg-node.log"));
+    int rc = system(line);
+    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
 }
 
 /* Poll /healthz until it answers want (0: nothing answers) or timeout_ms passes; the
@@ -235,6 +250,23 @@ static void test_metrics_equal_the_store_and_health_follows_the_broker(void **st
         h_lapse(&h, out, sizeof out, "health", "--metrics-listen", listen, NULL), 0);
     s = scrape(&h, base);
     assert_true(s.reconnects >= 1 && s.subscribed == 1);
+
+    if (h.pg) {
+        /* The store killed: the consumer notices within its outbox count (every 5 s)
+         * and says so; back once the cluster answers again. */
+        assert_int_equal(pg_node(&h, "kill"), 0);
+        assert_int_equal(wait_health(&h, base, 503, 15000), 503);
+        why = slurp(&h, "healthz.txt");
+        printf("healthz with the store killed: 503 %s", why);
+        assert_int_equal(strncmp(why, "store: ", 7), 0);
+        free(why);
+        assert_int_equal(h_lapse(&h, NULL, 0, "health", "--metrics-listen", listen, NULL),
+                         1);
+        assert_int_equal(pg_node(&h, "restart-immediate"), 0);
+        assert_int_equal(wait_health(&h, base, 200, 30000), 200);
+        assert_int_equal(
+            h_lapse(&h, out, sizeof out, "health", "--metrics-listen", listen, NULL), 0);
+    }
 
     /* Stopped: nothing answers. */
     assert_int_equal(h_stop(consumer, SIGTERM, h_ms(15000)), 0);
