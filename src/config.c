@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT
  * Configuration properties: parsing, validation and the text form of each value. */
 #include "config_int.h"
+#include "metrics_int.h"
 #include "store_int.h"
 
 #include <lapse/message.h>
@@ -207,6 +208,26 @@ static lapse_status_t set_events_queue(lapse_config_t *cfg, const char *value,
     return LAPSE_OK;
 }
 
+/* HOST:PORT of the consumer's metrics listener, "" for none. Only its form is checked
+ * here (a bad one is a usage error); whether it can be bound is seen at start. */
+static lapse_status_t set_metrics_listen(lapse_config_t *cfg, const char *value,
+                                         lapse_error_t *err) {
+    char host[256], port[8];
+    if (value[0] != '\0' &&
+        !lapse__metrics_listen_parse(value, host, sizeof host, port, sizeof port)) {
+        return lapse_error_set(err, LAPSE_ERR_CONFIG_VALUE,
+                               "metrics_listen \"%s\" is not HOST:PORT (e.g. "
+                               "127.0.0.1:9464, [::1]:9464 or :9464), port 0..65535",
+                               value);
+    }
+    if (!copy_field(cfg->metrics_listen, sizeof cfg->metrics_listen, value)) {
+        return lapse_error_set(err, LAPSE_ERR_CONFIG_VALUE,
+                               "metrics_listen is longer than %zu bytes",
+                               sizeof cfg->metrics_listen - 1);
+    }
+    return LAPSE_OK;
+}
+
 static int compare_class(const void *a, const void *b) {
     int64_t x = ((const lapse__class_t *)a)->ttl_ms;
     int64_t y = ((const lapse__class_t *)b)->ttl_ms;
@@ -405,6 +426,8 @@ static const prop_t props[] = {
      show_log_level},
     {"log_format", "LAPSE_LOG_FORMAT", "text", PROP_CUSTOM, 0, 0, 0, NULL, set_log_format,
      show_log_format},
+    {"metrics_listen", "LAPSE_METRICS_LISTEN", "", PROP_CUSTOM, FIELD(metrics_listen), 0,
+     0, NULL, set_metrics_listen, NULL},
 };
 
 #undef FIELD

@@ -39,8 +39,9 @@ struct lapse_config {
     int64_t sweep_every_ms; /* the consumer's periodic sweep; 0: never */
     int64_t sweep_grace_ms; /* its grace after a deadline before cancelling directly */
     int64_t sweep_in_flight_ms; /* its sweep re-publishes only orders older than this */
-    int64_t retention_ms; /* sweeps prune settled orders older than this; 0: never */
-    char scratch[64];     /* lapse_config_get() formatting */
+    int64_t retention_ms;     /* sweeps prune settled orders older than this; 0: never */
+    char metrics_listen[300]; /* the consumer's /metrics and /healthz; "" for none */
+    char scratch[64];         /* lapse_config_get() formatting */
 
     lapse_log_cb log_cb;
     void *log_opaque;

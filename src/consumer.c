@@ -50,6 +50,10 @@ void lapse_consumer_get_stats(const lapse_consumer_t *c, lapse_consumer_stats_t 
     *out = c->stats;
 }
 
+void lapse__consumer_set_metrics(lapse_consumer_t *c, lapse__metrics_t *metrics) {
+    c->metrics = metrics;
+}
+
 static void drop_batch(lapse_consumer_t *c) {
     for (size_t i = 0; i < c->n; i++) {
         lapse__broker_envelope_clear(&c->in, &c->batch[i].env);
@@ -130,7 +134,11 @@ static lapse_status_t cancel_items(lapse_consumer_t *c, lapse_cancel_item_t *ite
     /* Bounded: while we wait nobody services the consuming connection's heartbeats;
      * past the bound the deliveries take the retry path. */
     for (unsigned attempt = 0; n > 0; attempt++) {
+        int64_t t0 = lapse__metrics_now_us();
         rc = lapse_store_cancel_batch(c->store, items, n, now, err);
+        lapse__metrics_latency(c->metrics, LAPSE__OP_STORE_CANCEL,
+                               lapse__metrics_now_us() - t0);
+        lapse__metrics_store(c->metrics, rc == LAPSE_OK, err ? err->text : "failed");
         if (rc != LAPSE_ERR_STORE_BUSY || attempt + 1 == CONSUMER_STORE_ATTEMPTS) {
             break;
         }
@@ -287,6 +295,8 @@ static void decide(lapse_consumer_t *c, int64_t now, size_t n_items) {
             case LAPSE__ACT_CANCELLED:
                 c->seqs[c->n_seqs++] = it->event_seq;
                 c->stats.cancelled++;
+                lapse__metrics_cancelled(c->metrics,
+                                         lapse__time_add(it->now_ms, -it->deadline_ms));
                 lapse__log(c->cfg, LAPSE_LOG_INFO,
                            "event=decision order_id=%s decision=cancelled lag_ms=%lld "
                            "redelivered=%d",
@@ -296,6 +306,9 @@ static void decide(lapse_consumer_t *c, int64_t now, size_t n_items) {
                 break;
             case LAPSE__ACT_NOOP:
                 c->stats.noops++;
+                lapse__metrics_decision(c->metrics, it->outcome == LAPSE_CANCEL_NOOP_PAID
+                                                        ? LAPSE__DEC_NOOP_PAID
+                                                        : LAPSE__DEC_NOOP_CANCELLED);
                 lapse__log(c->cfg, LAPSE_LOG_INFO,
                            "event=decision order_id=%s decision=%s redelivered=%d",
                            it->order_id, lapse_cancel_outcome_name(it->outcome),
@@ -322,6 +335,7 @@ static lapse_status_t process(lapse_consumer_t *c, const volatile sig_atomic_t *
      * decision was made by. */
     int64_t now = lapse__consumer_sample_batch(c);
     c->stats.deliveries += c->n;
+    lapse__metrics_batch(c->metrics, c->n);
     size_t n_items = 0;
     lapse_status_t rc = settle(c, now, stop, &n_items, err);
     if (rc != LAPSE_OK) {
@@ -347,7 +361,10 @@ static lapse_status_t process(lapse_consumer_t *c, const volatile sig_atomic_t *
     /* The store committed and every forward was confirmed: one ack covers the batch
      * (unless a forward failed and the batch was settled delivery by delivery). */
     if (!c->batch_settled) {
+        int64_t t0 = lapse__metrics_now_us();
         rc = lapse__broker_ack(&c->in, c->batch[c->n - 1].env.delivery_tag, true, err);
+        lapse__metrics_latency(c->metrics, LAPSE__OP_BROKER_ACK,
+                               lapse__metrics_now_us() - t0);
     }
     if (rc != LAPSE_OK) {
         return rc;
@@ -420,6 +437,7 @@ static lapse_status_t session(lapse_consumer_t *c, const volatile sig_atomic_t *
     if (rc == LAPSE_OK) {
         lapse__log(c->cfg, LAPSE_LOG_INFO, "event=consuming queue=%s prefetch=%d",
                    c->topo.expired_queue, c->cfg->prefetch);
+        lapse__metrics_subscribed(c->metrics, true, NULL);
         /* Events left unpublished by an earlier crash or outage go out first. */
         c->backlog_at = 0;
     }
@@ -437,6 +455,9 @@ static lapse_status_t session(lapse_consumer_t *c, const volatile sig_atomic_t *
         drop_batch(c);
     }
     drop_batch(c);
+    lapse__metrics_subscribed(c->metrics, false,
+                              *stop ? "stopping"
+                                    : (err && err->text[0] ? err->text : "failed"));
     /* Deliveries not acked go back to the queue now, for the other consumers. */
     lapse__broker_close(&c->in);
     if (!*stop) {
@@ -482,6 +503,7 @@ lapse_status_t lapse_consumer_run(lapse_consumer_t *c, const volatile sig_atomic
         attempt = progress ? 0 : attempt + 1;
         int64_t delay = lapse__backoff_ms(attempt, 200, 5000);
         c->stats.reconnects++;
+        lapse__metrics_reconnect(c->metrics);
         char text[sizeof err->text] = "";
         if (err) {
             snprintf(text, sizeof text, "%s", err->text);

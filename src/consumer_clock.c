@@ -34,6 +34,7 @@ void lapse__consumer_observe_clock(lapse_consumer_t *c) {
      * arrivals are decided as undated ones and nothing is cancelled directly. */
     c->stepped = true;
     c->probe_at = 0;
+    lapse__metrics_clock(c->metrics, INT64_MAX, true);
     lapse__log(c->cfg, LAPSE_LOG_WARN,
                "event=clock_step step_ms=%lld note=\"the wall clock stepped; samples of "
                "the broker's clock dropped, probing again\"",
@@ -44,6 +45,7 @@ void lapse__consumer_observe_clock(lapse_consumer_t *c) {
  * once it is beyond the tolerance (deadlines are then checked against the floor). */
 static void log_ahead(lapse_consumer_t *c, int64_t wall, int64_t mono) {
     int64_t ahead = lapse__clock_ahead_ms(&c->clock, wall, mono);
+    lapse__metrics_clock(c->metrics, ahead, false);
     if (ahead == INT64_MAX) {
         return;
     }
@@ -198,8 +200,10 @@ void lapse__consumer_probe_clock(lapse_consumer_t *c) {
     c->stepped = false;
     c->probe_failed = false;
     c->probe_at = lapse__time_add(lapse__mono_ms(), CONSUMER_PROBE_EVERY_MS);
+    int64_t ahead =
+        lapse__clock_ahead_ms(&c->clock, lapse_clock_now_ms(), lapse__mono_ms());
+    lapse__metrics_clock(c->metrics, ahead, false);
     lapse__log(c->cfg, LAPSE_LOG_INFO,
                "event=clock_probe probes=%d ahead_by_up_to_ms=%lld", got,
-               (long long)lapse__clock_ahead_ms(&c->clock, lapse_clock_now_ms(),
-                                                lapse__mono_ms()));
+               (long long)ahead);
 }

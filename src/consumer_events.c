@@ -15,7 +15,9 @@
  * stay owed (see lapse__consumer_events_owed), and the next try is a probe of one. */
 static void events_unroutable(lapse_consumer_t *c, size_t returned) {
     int64_t waiting = -1;
-    lapse_store_events_count(c->store, &waiting, NULL);
+    if (lapse_store_events_count(c->store, &waiting, NULL) == LAPSE_OK) {
+        lapse__metrics_outbox(c->metrics, waiting);
+    }
     int64_t delay = lapse__backoff_ms(c->events_attempt++, CONSUMER_EVENTS_RETRY_MIN_MS,
                                       CONSUMER_EVENTS_RETRY_MAX_MS);
     c->events_retry_at = lapse__time_add(lapse__mono_ms(), delay);
@@ -41,6 +43,7 @@ static bool relay_round(lapse_consumer_t *c, const int64_t *only, size_t n_only,
         lapse__events_relay(&c->out, c->store, c->topo.events_exchange, only, n_only,
                             limit, CONSUMER_CONFIRM_WAIT_MS, report, &err);
     c->stats.events += report->published;
+    lapse__metrics_events(c->metrics, report->published);
     if (rc != LAPSE_OK) {
         lapse__consumer_out_failed(c, rc, &err, "events_failed");
         return false;
@@ -185,8 +188,28 @@ void lapse__consumer_events_final(lapse_consumer_t *c) {
                lapse_status_name(rc), text);
 }
 
+/* With metrics: the outbox count, which is also the store's health probe while no
+ * delivery comes (every CONSUMER_BACKLOG_EVERY_MS, a count of unpublished rows). */
+static void count_outbox(lapse_consumer_t *c, int64_t mono) {
+    if (c->metrics == NULL || mono < c->count_at) {
+        return;
+    }
+    c->count_at = lapse__time_add(mono, CONSUMER_BACKLOG_EVERY_MS);
+    int64_t pending = -1;
+    lapse_error_t err = {0};
+    int64_t t0 = lapse__metrics_now_us();
+    lapse_status_t rc = lapse_store_events_count(c->store, &pending, &err);
+    lapse__metrics_latency(c->metrics, LAPSE__OP_STORE_COUNT,
+                           lapse__metrics_now_us() - t0);
+    lapse__metrics_store(c->metrics, rc == LAPSE_OK, err.text);
+    if (rc == LAPSE_OK) {
+        lapse__metrics_outbox(c->metrics, pending);
+    }
+}
+
 void lapse__consumer_events_backlog(lapse_consumer_t *c) {
     int64_t mono = lapse__mono_ms();
+    count_outbox(c, mono);
     if (mono >= c->backlog_at) {
         c->backlog_at = lapse__time_add(mono, CONSUMER_BACKLOG_EVERY_MS);
         lapse__consumer_events(c, NULL, 0, CONSUMER_EVENTS_CHUNK);

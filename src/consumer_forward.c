@@ -167,6 +167,7 @@ lapse_status_t lapse__consumer_forward(lapse_consumer_t *c, lapse_error_t *err) 
                            d->msg.order_id[0] ? d->msg.order_id : "-", logged);
                 rc = park(c, d, err);
                 c->stats.parked++;
+                lapse__metrics_decision(c->metrics, LAPSE__DEC_PARKED);
                 forwarded++;
                 break;
             case LAPSE__ACT_EARLY:
@@ -179,6 +180,7 @@ lapse_status_t lapse__consumer_forward(lapse_consumer_t *c, lapse_error_t *err) 
                            d->msg.order_id, (long long)v->delay_ms,
                            lapse__why_name(v->why), (long long)route.seconds);
                 c->stats.early++;
+                lapse__metrics_decision(c->metrics, LAPSE__DEC_EARLY);
                 forwarded++;
                 break;
             case LAPSE__ACT_RETRY:
@@ -193,6 +195,7 @@ lapse_status_t lapse__consumer_forward(lapse_consumer_t *c, lapse_error_t *err) 
                            d->msg.order_id, v->attempts, c->cfg->max_attempts,
                            (long long)v->delay_ms, logged);
                 c->stats.retried++;
+                lapse__metrics_decision(c->metrics, LAPSE__DEC_RETRY);
                 forwarded++;
                 break;
             case LAPSE__ACT_CANCELLED:
@@ -201,7 +204,10 @@ lapse_status_t lapse__consumer_forward(lapse_consumer_t *c, lapse_error_t *err) 
         }
     }
     if (rc == LAPSE_OK && forwarded > 0) {
+        int64_t t0 = lapse__metrics_now_us();
         rc = lapse__broker_wait_confirms(&c->out, CONSUMER_CONFIRM_WAIT_MS, err);
+        lapse__metrics_latency(c->metrics, LAPSE__OP_BROKER_CONFIRM,
+                               lapse__metrics_now_us() - t0);
     }
     bool all_ok = rc == LAPSE_OK;
     for (size_t i = 0; i < c->n && all_ok; i++) {

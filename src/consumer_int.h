@@ -18,6 +18,7 @@
 #include "broker_int.h"
 #include "clock_int.h"
 #include "decision_int.h"
+#include "metrics_int.h"
 #include "topology_int.h"
 
 /* Every interval below is measured on the monotonic clock (lapse__mono_ms): a step of
@@ -118,11 +119,17 @@ struct lapse_consumer {
     bool probe_failed;         /* the last probe failed (logged once) */
     int64_t ahead_logged;      /* last "ahead" logged, to log changes only */
     lapse_consumer_stats_t stats;
+    lapse__metrics_t *metrics; /* borrowed, may be NULL (lapse__consumer_set_metrics) */
+    int64_t count_at;          /* mono: next outbox count for the metrics */
     /* lapse__consumer_forward acked and nacked the batch delivery by delivery (some
      * forward failed): the batch's multiple ack must not follow. */
     bool batch_settled;
     unsigned fwd_attempt; /* batches in a row with a failed forward */
 };
+
+/** Record into metrics (borrowed: it must outlive the consumer; NULL: none) from now
+ *  on; before lapse_consumer_run. */
+void lapse__consumer_set_metrics(lapse_consumer_t *c, lapse__metrics_t *metrics);
 
 /* ---- consumer_clock.c ---- */
 

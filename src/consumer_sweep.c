@@ -77,6 +77,7 @@ void lapse__consumer_sweep(lapse_consumer_t *c, bool broker_up) {
         rc = lapse_sweep_run(c->cfg, c->store, &opts, &report, &err);
     }
     bool stopped = rc == LAPSE_ERR_STOPPED;
+    lapse__metrics_sweep_cancelled(c->metrics, report.cancelled);
     /* More to do (a full chunk, or the budget ran out): again on the next pass, after
      * the deliveries that came meanwhile. */
     c->sweep_at = report.more && (rc == LAPSE_OK || stopped)

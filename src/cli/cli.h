@@ -58,6 +58,7 @@ int cmd_parked_list(cli_t *cli, int argc, char **argv);
 int cmd_parked_replay(cli_t *cli, int argc, char **argv);
 int cmd_config(cli_t *cli, int argc, char **argv);
 int cmd_help(cli_t *cli, int argc, char **argv);
+int cmd_health(cli_t *cli, int argc, char **argv);
 
 /* cli_parse() returns this when the command is to run. */
 #define CLI_RUN (-1)

@@ -6,6 +6,8 @@
 
 #include "backoff_int.h"
 #include "config_int.h"
+#include "consumer_int.h"
+#include "metrics_http.h"
 #include "notify.h"
 
 #include <stdio.h>
@@ -53,8 +55,11 @@ int cmd_consume(cli_t *cli, int argc, char **argv) {
     cli_notify_t notify;
     cli_notify_init(&notify);
     int code = CLI_EXIT_OK;
-    lapse_store_t *store = open_store_waiting(cli, stop, &notify, &code);
+    cli_metrics_t *metrics = cli_metrics_start(cli, &code); /* --metrics-listen */
+    lapse_store_t *store =
+        code == CLI_EXIT_OK ? open_store_waiting(cli, stop, &notify, &code) : NULL;
     if (!store) {
+        cli_metrics_stop(metrics);
         return code;
     }
     lapse_status_t rc;
@@ -62,6 +67,7 @@ int cmd_consume(cli_t *cli, int argc, char **argv) {
     lapse_consumer_t *consumer = lapse_consumer_new(cli->cfg, store, &rc, &err);
     if (consumer) {
         lapse_consumer_set_state_cb(consumer, cli_notify_consumer_state, &notify);
+        lapse__consumer_set_metrics(consumer, cli_metrics_registry(metrics));
         rc = lapse_consumer_run(consumer, stop, &err);
     }
     if (rc != LAPSE_OK) {
@@ -72,5 +78,6 @@ int cmd_consume(cli_t *cli, int argc, char **argv) {
     }
     lapse_consumer_free(consumer);
     lapse_store_close(store);
+    cli_metrics_stop(metrics);
     return code;
 }

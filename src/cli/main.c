@@ -20,6 +20,7 @@ static const cli_cmd_fn commands[CLI_CMD_COUNT_] = {
     [CLI_CMD_DEMO] = cmd_demo,
     [CLI_CMD_CONFIG] = cmd_config,
     [CLI_CMD_HELP] = cmd_help,
+    [CLI_CMD_HEALTH] = cmd_health,
 };
 
 int main(int argc, char **argv) {

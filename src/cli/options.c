@@ -161,6 +161,14 @@ const cli_option_t cli_options[] = {
      .commands = CONSUMER_SETTING | IN(SWEEP),
      .help = "sweeps delete paid and cancelled orders, and published events, once their "
              "deadline and settlement are D in the past (0: keep everything)"},
+    {.name = "metrics-listen",
+     .metavar = "HOST:PORT",
+     .property = "metrics_listen",
+     .example = "127.0.0.1:9464",
+     .commands = CONSUMER_SETTING | IN(HEALTH),
+     .help = "consume: serve GET /metrics (Prometheus text format) and GET /healthz on "
+             "this address, e.g. 127.0.0.1:9464, [::1]:9464 or :9464 for every "
+             "interface (default: none); health: the consumer to ask"},
 
     /* publish */
     {.name = "timeout",
@@ -263,6 +271,12 @@ const cli_command_t cli_commands[] = {
      "Logs one key=value line per decision to stderr, at level info (see --log-level, "
      "--log-format). Under systemd (NOTIFY_SOCKET set) it sends READY=1 once subscribed, "
      "STATUS= lines, WATCHDOG=1 while its loop turns and STOPPING=1 on SIGTERM."},
+    {CLI_CMD_HEALTH, "health", NULL, "", "ask a running consumer whether it is healthy",
+     "Asks the consumer listening on --metrics-listen for GET /healthz, for scripts and "
+     "container health checks: exits 0 and prints 'ok' when it answers 200 (subscribed "
+     "to the expired queue and its store answers), else exits 1 with the reason on "
+     "stderr, also when no consumer answers within 5 s. A listener on every interface "
+     "(:PORT, 0.0.0.0, [::]) is asked on the loopback address."},
     {CLI_CMD_STATUS, "status", NULL, "[ORDER_ID]",
      "queues and order counts, or one order",
      "Without ORDER_ID: messages and consumers per queue (each class, each rung of the "

@@ -22,6 +22,7 @@ typedef enum cli_cmd {
     CLI_CMD_DEMO,
     CLI_CMD_CONFIG,
     CLI_CMD_HELP,
+    CLI_CMD_HEALTH,
     CLI_CMD_COUNT_
 } cli_cmd_t;
 

@@ -68,6 +68,7 @@ static void test_defaults_follow_design(void **state) {
     assert_string_equal(lapse_config_get(cfg, "sweep_in_flight"), "30s");
     assert_int_equal(cfg->sweep_in_flight_ms, 30000);
     assert_string_equal(lapse_config_get(cfg, "events_queue"), "");
+    assert_string_equal(lapse_config_get(cfg, "metrics_listen"), "");
     assert_int_equal(lapse_config_set(cfg, "queue_type", "quorum", NULL), LAPSE_OK);
     assert_true(cfg->quorum);
     assert_string_equal(lapse_config_get(cfg, "queue_type"), "quorum");
@@ -122,6 +123,7 @@ static void assert_same_config(const lapse_config_t *a, const lapse_config_t *b)
     assert_memory_equal(a->classes, b->classes, a->n_classes * sizeof a->classes[0]);
     assert_string_equal(a->classes_text, b->classes_text);
     assert_string_equal(a->events_queue, b->events_queue);
+    assert_string_equal(a->metrics_listen, b->metrics_listen);
     assert_int_equal(a->prefetch, b->prefetch);
     assert_int_equal(a->heartbeat, b->heartbeat);
     assert_int_equal(a->quorum, b->quorum);
@@ -201,6 +203,14 @@ static const struct {
      "0123456789012345678901234567890123456789012345678901234567890123456789012345678901"
      "23456789012345",
      LAPSE_ERR_CONFIG_VALUE},
+    {"metrics_listen", "9464", LAPSE_ERR_CONFIG_VALUE},
+    {"metrics_listen", "localhost:", LAPSE_ERR_CONFIG_VALUE},
+    {"metrics_listen", "localhost:65536", LAPSE_ERR_CONFIG_VALUE},
+    {"metrics_listen", "localhost:94x4", LAPSE_ERR_CONFIG_VALUE},
+    {"metrics_listen", "local host:9464", LAPSE_ERR_CONFIG_VALUE},
+    {"metrics_listen", "[::1:9464", LAPSE_ERR_CONFIG_VALUE},
+    {"metrics_listen", "::1:9464", LAPSE_ERR_CONFIG_VALUE},
+    {"metrics_listen", "[]:9464", LAPSE_ERR_CONFIG_VALUE},
     {"events-queue", "x", LAPSE_ERR_CONFIG_UNKNOWN},
     {"queue-type", "quorum", LAPSE_ERR_CONFIG_UNKNOWN},
     {"", "x", LAPSE_ERR_CONFIG_UNKNOWN},
@@ -279,6 +289,11 @@ static void test_store_prefix_and_numbers(void **state) {
          "12345678901234",
          NULL},
         {"events_queue", "", NULL},
+        {"metrics_listen", "127.0.0.1:9464", NULL},
+        {"metrics_listen", "metrics.internal:0", NULL},
+        {"metrics_listen", "[::1]:9464", NULL},
+        {"metrics_listen", ":9464", NULL},
+        {"metrics_listen", "", NULL},
     };
     for (size_t i = 0; i < ARRAY_LEN(good); i++) {
         lapse_error_t err;
@@ -435,8 +450,8 @@ static void test_env_covers_every_setting(void **state) {
         }
     }
     lapse_config_free(fresh);
-    assert_int_equal(n, 17);
-    assert_int_equal(with_env, 17); /* every property has its variable */
+    assert_int_equal(n, 18);
+    assert_int_equal(with_env, 18); /* every property has its variable */
     assert_null(lapse_config_property_name(n + 1));
     assert_null(lapse_config_property_env("clock_skew"));
     assert_null(lapse_config_property_default("clock_skew"));
