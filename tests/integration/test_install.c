@@ -45,7 +45,7 @@ static const char *env_or_die(const char *name) {
 
 /* Run a shell command made from fmt; its stdout into c->out (NUL-terminated), its stderr
  * appended to c->log. Returns the exit code (-1 when it did not exit). */
-static int sh(ctx_t *c, const char *fmt, ...) {
+__attribute__((format(printf, 2, 3))) static int sh(ctx_t *c, const char *fmt, ...) {
     char cmd[8192];
     va_list ap;
     va_start(ap, fmt);
@@ -64,7 +64,8 @@ static int sh(ctx_t *c, const char *fmt, ...) {
 }
 
 /* The same, failing the test with the command and the log's tail unless it exits 0. */
-static void sh_ok(ctx_t *c, const char *what, const char *fmt, ...) {
+__attribute__((format(printf, 3, 4))) static void sh_ok(ctx_t *c, const char *what,
+                                                        const char *fmt, ...) {
     char cmd[8192];
     va_list ap;
     va_start(ap, fmt);
