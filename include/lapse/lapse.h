@@ -7,15 +7,16 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <lapse/version.h>
+
 #if defined(__GNUC__)
 #define LAPSE_API __attribute__((visibility("default")))
 #else
 #define LAPSE_API
 #endif
 
-#define LAPSE_VERSION "0.1.0"
-
-/** The library's version, "X.Y.Z" (LAPSE_VERSION of the build); static. */
+/** The library's version, "X.Y.Z" (LAPSE_VERSION of the build that made it: compare it
+ *  with the LAPSE_VERSION a program was compiled with); static. */
 LAPSE_API const char *lapse_version(void);
 
 /* Status codes, defined once. Ranges say which subsystem failed:

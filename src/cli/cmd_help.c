@@ -1,14 +1,20 @@
 /* SPDX-License-Identifier: MIT
  * lapse help [COMMAND [ACTION]]: the texts of --help, and (hidden) the README's
- * reference. */
+ * reference and the man page. */
 #include "cli.h"
 
 int cmd_help(cli_t *cli, int argc, char **argv) {
-    if (cli_opt(cli, CLI_OPT_MARKDOWN)) {
+    bool markdown = cli_opt(cli, CLI_OPT_MARKDOWN) != NULL;
+    bool man = cli_opt(cli, CLI_OPT_MAN) != NULL;
+    if (markdown && man) {
+        return cli_usage_error("help", "--markdown and --man exclude each other");
+    }
+    if (markdown || man) {
         if (argc > 0) {
-            return cli_usage_error("help", "--markdown takes no COMMAND");
+            return cli_usage_error("help", "%s takes no COMMAND",
+                                   markdown ? "--markdown" : "--man");
         }
-        cli_help_markdown(stdout);
+        (markdown ? cli_help_markdown : cli_help_man)(stdout);
         return CLI_EXIT_OK;
     }
     if (argc == 0) {

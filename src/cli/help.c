@@ -35,17 +35,22 @@ static size_t wrap(FILE *out, const char *text, size_t col, size_t indent) {
     return col;
 }
 
-static bool shown(const cli_option_t *opt) {
+bool cli_option_shown(const cli_option_t *opt) {
     return (opt->flags & CLI_HIDDEN) == 0;
 }
 
 /* The options a command's help, synopsis and README section list: its own, not the
  * global ones (listed once, apart). `config` takes every setting, but lists only what
  * is its own: the settings are each listed under the command that uses them. */
-static bool listed_under(const cli_option_t *opt, cli_cmd_t cmd) {
-    return shown(opt) && opt->commands != CLI_GLOBAL && cli_option_accepts(opt, cmd) &&
-           !(cmd == CLI_CMD_CONFIG && opt->property);
+bool cli_option_listed(const cli_option_t *opt, cli_cmd_t cmd) {
+    return cli_option_shown(opt) && opt->commands != CLI_GLOBAL &&
+           cli_option_accepts(opt, cmd) && !(cmd == CLI_CMD_CONFIG && opt->property);
 }
+
+const char cli_help_about[] = "Cancels unpaid orders when their payment window lapses, "
+                              "through RabbitMQ dead-lettering.";
+const char cli_help_exit_codes[] = "0 done, 1 failed, 2 usage error, 3 refused by the "
+                                   "order's state, 4 no such order";
 
 /* "-n, --dry-run" or "--prefix NAME"; sep goes between the name and the metavar. */
 static void flag_text(const cli_option_t *opt, char *buf, size_t cap) {
@@ -59,25 +64,25 @@ static void flag_text(const cli_option_t *opt, char *buf, size_t cap) {
 
 /* An empty default ("none", as for events_queue) is not shown: the help says what it
  * means. */
-static const char *default_of(const cli_option_t *opt) {
+const char *cli_option_default(const cli_option_t *opt) {
     const char *def =
         opt->property ? lapse_config_property_default(opt->property) : opt->def;
     return def && def[0] ? def : NULL;
 }
 
-static const char *env_of(const cli_option_t *opt) {
+const char *cli_option_env(const cli_option_t *opt) {
     return opt->property ? lapse_config_property_env(opt->property) : NULL;
 }
 
 /* "every command", or "consume, sweep": the commands that use a setting. */
-static const char *commands_text(const cli_option_t *opt, char *buf, size_t cap) {
+const char *cli_option_commands(const cli_option_t *opt, char *buf, size_t cap) {
     if (opt->commands == CLI_GLOBAL) {
         return "every command";
     }
     size_t used = 0;
     buf[0] = '\0';
     for (size_t i = 0; i < cli_n_commands; i++) {
-        if (listed_under(opt, cli_commands[i].cmd)) {
+        if (cli_option_listed(opt, cli_commands[i].cmd)) {
             char label[32];
             cli_command_label(&cli_commands[i], label, sizeof label);
             int n = snprintf(buf + used, cap - used, "%s%s", used ? ", " : "", label);
@@ -99,8 +104,8 @@ static void print_option(FILE *out, const cli_option_t *opt) {
         fprintf(out, "%*s", (int)(HELP_COL - col), "");
     }
     char extra[256] = "";
-    const char *def = default_of(opt);
-    const char *env = env_of(opt);
+    const char *def = cli_option_default(opt);
+    const char *env = cli_option_env(opt);
     if (def || env) {
         snprintf(extra, sizeof extra, "(%s%s%s%s%s)", def ? "default " : "",
                  def ? def : "", def && env ? "; " : "", env ? "env " : "",
@@ -123,7 +128,7 @@ static void synopsis_options(const cli_command_t *c, char *buf, size_t cap) {
         const cli_option_t *opt = &cli_options[i];
         char needle[64];
         snprintf(needle, sizeof needle, "--%s", opt->name);
-        if (!listed_under(opt, c->cmd) || strstr(c->args, needle)) {
+        if (!cli_option_listed(opt, c->cmd) || strstr(c->args, needle)) {
             continue;
         }
         int n = snprintf(buf + used, cap - used, " [--%s%s%s]%s", opt->name,
@@ -148,10 +153,7 @@ static void print_synopsis(FILE *out, const char *lead, const cli_command_t *c) 
 
 void cli_help_top(FILE *out) {
     fputs("usage: lapse [OPTION]... COMMAND [ARG]... [OPTION]...\n", out);
-    wrap(out,
-         "Cancels unpaid orders when their payment window lapses, through RabbitMQ "
-         "dead-lettering.",
-         0, 0);
+    wrap(out, cli_help_about, 0, 0);
     fputs("\n\ncommands:\n", out);
     for (size_t i = 0; i < cli_n_commands; i++) {
         print_synopsis(out, "  ", &cli_commands[i]);
@@ -162,7 +164,7 @@ void cli_help_top(FILE *out) {
     fputs("\nglobal options (before or after the command; a flag beats its variable):\n",
           out);
     for (size_t i = 0; i < cli_n_options; i++) {
-        if (shown(&cli_options[i]) && cli_options[i].commands == CLI_GLOBAL) {
+        if (cli_option_shown(&cli_options[i]) && cli_options[i].commands == CLI_GLOBAL) {
             print_option(out, &cli_options[i]);
         }
     }
@@ -171,22 +173,20 @@ void cli_help_top(FILE *out) {
           out);
     for (size_t i = 0; i < cli_n_options; i++) {
         const cli_option_t *opt = &cli_options[i];
-        const char *env = env_of(opt);
-        if (!shown(opt) || !env) {
+        const char *env = cli_option_env(opt);
+        if (!cli_option_shown(opt) || !env) {
             continue;
         }
         char flag[64];
         snprintf(flag, sizeof flag, "--%s", opt->name);
         char used_by[160];
         fprintf(out, "  %-20s %-16s %s\n", env, flag,
-                commands_text(opt, used_by, sizeof used_by));
+                cli_option_commands(opt, used_by, sizeof used_by));
     }
     fputc('\n', out);
-    wrap(out,
-         "exit codes: 0 done, 1 failed, 2 usage error, 3 refused by the order's state, 4 "
-         "no "
-         "such order",
-         0, 2);
+    char codes[256];
+    snprintf(codes, sizeof codes, "exit codes: %s", cli_help_exit_codes);
+    wrap(out, codes, 0, 2);
     fputs("\nRun 'lapse help COMMAND' (or 'lapse COMMAND --help') for a command's "
           "options.\n",
           out);
@@ -197,7 +197,8 @@ static void print_globals_line(FILE *out) {
     size_t used = strlen(line);
     for (size_t i = 0; i < cli_n_options; i++) {
         const cli_option_t *opt = &cli_options[i];
-        if (!shown(opt) || opt->commands != CLI_GLOBAL || opt->id == CLI_OPT_HELP) {
+        if (!cli_option_shown(opt) || opt->commands != CLI_GLOBAL ||
+            opt->id == CLI_OPT_HELP) {
             continue;
         }
         char flag[96];
@@ -222,7 +223,7 @@ void cli_help_command(FILE *out, const cli_command_t *c) {
         if (opt->id == CLI_OPT_HELP) {
             help = opt;
         }
-        if (listed_under(opt, c->cmd)) {
+        if (cli_option_listed(opt, c->cmd)) {
             print_option(out, opt);
         }
     }
@@ -273,12 +274,12 @@ static void md_row(FILE *out, const cli_option_t *opt) {
         md_cell(out, opt->metavar);
     }
     fputs("` | ", out);
-    const char *env = env_of(opt);
+    const char *env = cli_option_env(opt);
     if (env) {
         fprintf(out, "`%s`", env);
     }
     fputs(" | ", out);
-    const char *def = default_of(opt);
+    const char *def = cli_option_default(opt);
     if (def) {
         fputc('`', out);
         md_cell(out, def);
@@ -301,7 +302,7 @@ void cli_help_markdown(FILE *out) {
           out);
     fputs(md_head, out);
     for (size_t i = 0; i < cli_n_options; i++) {
-        if (shown(&cli_options[i]) && cli_options[i].commands == CLI_GLOBAL) {
+        if (cli_option_shown(&cli_options[i]) && cli_options[i].commands == CLI_GLOBAL) {
             md_row(out, &cli_options[i]);
         }
     }
@@ -313,7 +314,7 @@ void cli_help_markdown(FILE *out) {
         bool any = false;
         for (size_t k = 0; k < cli_n_options; k++) {
             const cli_option_t *opt = &cli_options[k];
-            if (!listed_under(opt, c->cmd)) {
+            if (!cli_option_listed(opt, c->cmd)) {
                 continue;
             }
             if (!any) {

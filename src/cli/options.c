@@ -248,6 +248,11 @@ const cli_option_t cli_options[] = {
      .commands = IN(HELP),
      .flags = CLI_HIDDEN,
      .help = "print the README's options reference"},
+    {.name = "man",
+     .id = CLI_OPT_MAN,
+     .commands = IN(HELP),
+     .flags = CLI_HIDDEN,
+     .help = "print the lapse(1) man page (roff)"},
 };
 
 const size_t cli_n_options = sizeof cli_options / sizeof cli_options[0];

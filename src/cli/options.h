@@ -46,7 +46,8 @@ typedef enum cli_opt_id {
     CLI_OPT_BATCH,
     CLI_OPT_ALL,
     CLI_OPT_MARKDOWN,
-    CLI_OPT_ROLES
+    CLI_OPT_ROLES,
+    CLI_OPT_MAN
 } cli_opt_id_t;
 
 enum {
@@ -116,5 +117,24 @@ void cli_help_command(FILE *out, const cli_command_t *command);
 void cli_help_group(FILE *out, const char *name);
 /** `lapse help --markdown`: the README's reference, between its marker lines. */
 void cli_help_markdown(FILE *out);
+/** `lapse help --man`: the lapse(1) man page in roff (help_man.c). */
+void cli_help_man(FILE *out);
+
+/* What every generated text shares (help.c). */
+
+/** The program's one-sentence description, and the exit codes ("0 done, 1 ..."). */
+extern const char cli_help_about[];
+extern const char cli_help_exit_codes[];
+/** False for a CLI_HIDDEN switch, which no help text shows. */
+bool cli_option_shown(const cli_option_t *opt);
+/** True when opt is listed under cmd: shown, one of its own options (not a global one),
+ *  and for `config` not a setting (each is listed under the commands that use it). */
+bool cli_option_listed(const cli_option_t *opt, cli_cmd_t cmd);
+/** The default the help shows, or NULL (none, or empty); static. */
+const char *cli_option_default(const cli_option_t *opt);
+/** The setting's environment variable, or NULL; static. */
+const char *cli_option_env(const cli_option_t *opt);
+/** "every command", or "consume, sweep": the commands that list opt, written to buf. */
+const char *cli_option_commands(const cli_option_t *opt, char *buf, size_t cap);
 
 #endif

@@ -173,6 +173,87 @@ static void test_texts_name_every_option(void **state) {
     free(md);
 }
 
+/* "--dry-run" as the man page writes it: \-\-dry\-run. */
+static void roff_flag(const char *name, char *buf, size_t cap) {
+    size_t used = (size_t)snprintf(buf, cap, "\\fB\\-\\-");
+    for (const char *p = name; *p && used + 3 < cap; p++) {
+        if (*p == '-') {
+            buf[used++] = '\\';
+        }
+        buf[used++] = *p;
+    }
+    buf[used] = '\0';
+}
+
+static void test_man_page_names_every_option(void **state) {
+    (void)state;
+    char *man = capture(cli_help_man, NULL);
+    assert_true(strncmp(man, ".\\\"", 3) == 0);
+    static const char *const sections[] = {
+        ".TH LAPSE 1 ",      ".SH NAME\n",        ".SH SYNOPSIS\n",
+        ".SH DESCRIPTION\n", ".SH COMMANDS\n",    ".SH OPTIONS\n",
+        ".SH ENVIRONMENT\n", ".SH EXIT STATUS\n", ".SH SEE ALSO\n"};
+    for (size_t i = 0; i < sizeof sections / sizeof sections[0]; i++) {
+        if (!strstr(man, sections[i])) {
+            fail_msg("the man page has no %s", sections[i]);
+        }
+    }
+    /* Every control line is one of the few macros it uses; text is pure ASCII, and a
+     * hyphen in text is always escaped (an option's must stay an ASCII minus). */
+    static const char *const macros[] = {".\\\" ", ".TH ",  ".SH ",  ".SS\n",
+                                         ".TP\n",  ".PP\n", ".br\n", ".B "};
+    for (const char *p = man; *p; p += strcspn(p, "\n") + (p[strcspn(p, "\n")] != 0)) {
+        size_t len = strcspn(p, "\n");
+        for (size_t k = 0; k < len; k++) {
+            assert_true((unsigned char)p[k] < 0x80 && p[k] != '\t');
+        }
+        if (*p == '\'') {
+            fail_msg("a line starts with a control character: %.*s", (int)len, p);
+        }
+        if (*p == '.') {
+            bool known = false;
+            for (size_t m = 0; m < sizeof macros / sizeof macros[0]; m++) {
+                known = known || strncmp(p, macros[m], strlen(macros[m])) == 0;
+            }
+            if (!known) {
+                fail_msg("unexpected control line: %.*s", (int)len, p);
+            }
+            continue;
+        }
+        for (size_t k = 0; k < len; k++) {
+            if (p[k] == '-' && (k == 0 || p[k - 1] != '\\')) {
+                fail_msg("unescaped hyphen: %.*s", (int)len, p);
+            }
+        }
+    }
+    for (size_t i = 0; i < cli_n_options; i++) {
+        const cli_option_t *opt = &cli_options[i];
+        char flag[96];
+        roff_flag(opt->name, flag, sizeof flag);
+        assert_int_equal(strstr(man, flag) != NULL, is_shown(opt));
+        const char *env = opt->property ? lapse_config_property_env(opt->property) : NULL;
+        if (env && is_shown(opt)) {
+            /* A tag of ENVIRONMENT (only there is a tag a variable), followed by the
+             * flag it stands for. */
+            char entry[160];
+            snprintf(entry, sizeof entry, ".TP\n\\fB%s\\fR\n%s\\fR", env, flag);
+            if (!strstr(man, entry)) {
+                fail_msg("ENVIRONMENT has no %s", env);
+            }
+        }
+    }
+    for (size_t i = 0; i < cli_n_commands; i++) {
+        char heading[96];
+        snprintf(heading, sizeof heading, ".SS\n\\fBlapse %s%s%s\\fR",
+                 cli_commands[i].name, cli_commands[i].action ? " " : "",
+                 cli_commands[i].action ? cli_commands[i].action : "");
+        if (!strstr(man, heading)) {
+            fail_msg("the man page has no section for %s", heading + 4);
+        }
+    }
+    free(man);
+}
+
 static void test_redact_hides_url_passwords(void **state) {
     (void)state;
     static const struct {
@@ -350,6 +431,7 @@ int main(void) {
         cmocka_unit_test(test_every_setting_is_a_config_property),
         cmocka_unit_test(test_every_command_has_one_row),
         cmocka_unit_test(test_texts_name_every_option),
+        cmocka_unit_test(test_man_page_names_every_option),
         cmocka_unit_test(test_redact_hides_url_passwords),
         cmocka_unit_test(test_parse_options_anywhere),
         cmocka_unit_test(test_parse_variables),
