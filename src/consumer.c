@@ -455,10 +455,11 @@ lapse_status_t lapse_consumer_run(lapse_consumer_t *c, const volatile sig_atomic
             break;
         }
         /* A service outlasts what it can: only a refused login, a certificate that
-         * fails verification (or a broker that refuses ours) or a wrong setting ends
-         * it; store and broker failures are retried with backoff. */
+         * fails verification (or a broker that refuses ours), a password file it
+         * cannot read (ERR_IO) or a wrong setting ends it; store and broker failures
+         * are retried with backoff. */
         if (rc == LAPSE_ERR_BROKER_LOGIN || rc == LAPSE_ERR_BROKER_TLS ||
-            rc == LAPSE_ERR_INVALID || (rc <= -0x0401 && rc >= -0x04ff)) {
+            rc == LAPSE_ERR_IO || rc == LAPSE_ERR_INVALID || (rc <= -0x0401 && rc >= -0x04ff)) {
             return rc;
         }
         attempt = progress ? 0 : attempt + 1;

@@ -13,8 +13,9 @@
  * The password to log in with into out (cap bytes, at least LAPSE__PASSWORD_MAX): the
  * content of cfg's amqp_password_file when one is set, else the URL's password. The
  * caller wipes out with lapse__secret_wipe() after use. On failure (the file cannot be
- * read, is empty, too long, or holds a NUL or a line break before its end)
- * LAPSE_ERR_CONFIG_VALUE, with err naming the file and the reason, never its content.
+ * read, is empty, too long, or holds a NUL or a line break before its end) LAPSE_ERR_IO
+ * (exit 1; final for the consumer), with err naming the file and the reason, never its
+ * content.
  */
 lapse_status_t lapse__secret_password(const lapse_config_t *cfg, char *out, size_t cap,
                                       lapse_error_t *err);
