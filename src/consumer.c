@@ -459,7 +459,8 @@ lapse_status_t lapse_consumer_run(lapse_consumer_t *c, const volatile sig_atomic
          * cannot read (ERR_IO) or a wrong setting ends it; store and broker failures
          * are retried with backoff. */
         if (rc == LAPSE_ERR_BROKER_LOGIN || rc == LAPSE_ERR_BROKER_TLS ||
-            rc == LAPSE_ERR_IO || rc == LAPSE_ERR_INVALID || (rc <= -0x0401 && rc >= -0x04ff)) {
+            rc == LAPSE_ERR_IO || rc == LAPSE_ERR_INVALID ||
+            (rc <= -0x0401 && rc >= -0x04ff)) {
             return rc;
         }
         attempt = progress ? 0 : attempt + 1;

@@ -53,8 +53,8 @@ lapse_status_t lapse__secret_password(const lapse_config_t *cfg, char *out, size
     }
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
-        return lapse_error_set(err, LAPSE_ERR_IO, "amqp password file %s: %s",
-                               path, strerror(errno));
+        return lapse_error_set(err, LAPSE_ERR_IO, "amqp password file %s: %s", path,
+                               strerror(errno));
     }
     /* One byte more than a password and its line break may take, to see a longer one. */
     char text[LAPSE__PASSWORD_MAX + 2];
@@ -78,11 +78,10 @@ lapse_status_t lapse__secret_password(const lapse_config_t *cfg, char *out, size
     lapse_status_t rc = LAPSE_OK;
     const char *why = NULL;
     if (e != 0) {
-        rc = lapse_error_set(err, LAPSE_ERR_IO, "amqp password file %s: %s",
-                             path, strerror(e));
+        rc = lapse_error_set(err, LAPSE_ERR_IO, "amqp password file %s: %s", path,
+                             strerror(e));
     } else if (!lapse__secret_from_text(text, len, out, cap, &why)) {
-        rc = lapse_error_set(err, LAPSE_ERR_IO, "amqp password file %s: %s",
-                             path, why);
+        rc = lapse_error_set(err, LAPSE_ERR_IO, "amqp password file %s: %s", path, why);
     }
     lapse__secret_wipe(text, sizeof text);
     return rc;

@@ -99,25 +99,21 @@ static void test_password_file_replaces_the_urls(void **state) {
     assert_string_equal(pw, "rotated");
 
     write_file(path, "two\nlines-hunter2\n", 18);
-    assert_int_equal(lapse__secret_password(cfg, pw, sizeof pw, &err),
-                     LAPSE_ERR_IO);
+    assert_int_equal(lapse__secret_password(cfg, pw, sizeof pw, &err), LAPSE_ERR_IO);
     assert_non_null(strstr(err.text, path));
     assert_null(strstr(err.text, "hunter2"));
 
     write_file(path, "", 0);
-    assert_int_equal(lapse__secret_password(cfg, pw, sizeof pw, &err),
-                     LAPSE_ERR_IO);
+    assert_int_equal(lapse__secret_password(cfg, pw, sizeof pw, &err), LAPSE_ERR_IO);
     assert_non_null(strstr(err.text, "empty"));
 
     unlink(path);
-    assert_int_equal(lapse__secret_password(cfg, pw, sizeof pw, &err),
-                     LAPSE_ERR_IO);
+    assert_int_equal(lapse__secret_password(cfg, pw, sizeof pw, &err), LAPSE_ERR_IO);
     assert_non_null(strstr(err.text, "No such file"));
     assert_non_null(strstr(err.text, path));
     /* A directory cannot be read as a file. */
     assert_int_equal(lapse_config_set(cfg, "amqp_password_file", dir, NULL), LAPSE_OK);
-    assert_int_equal(lapse__secret_password(cfg, pw, sizeof pw, &err),
-                     LAPSE_ERR_IO);
+    assert_int_equal(lapse__secret_password(cfg, pw, sizeof pw, &err), LAPSE_ERR_IO);
     assert_non_null(strstr(err.text, dir));
 
     lapse__secret_wipe(pw, sizeof pw);
