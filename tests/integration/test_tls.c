@@ -177,7 +177,7 @@ static void assert_refused(tls_env_t *t, const char *id, const char *want) {
 
 static void test_good_certificate_runs_the_pipeline(void **state) {
     (void)state;
-    tls_env_t t;
+    static tls_env_t t; /* static: the teardown reaches it after a failure */
     start(&t, "tls-good");
     h_ctx_t *h = &t.h;
     setenv("LAPSE_TLS_CA", pki(&t, "ca.pem"), 1);
@@ -210,7 +210,7 @@ static void test_good_certificate_runs_the_pipeline(void **state) {
 
 static void test_untrusted_ca_and_wrong_host_are_refused(void **state) {
     (void)state;
-    tls_env_t t;
+    static tls_env_t t; /* static: the teardown reaches it after a failure */
     start(&t, "tls-refused");
     h_ctx_t *h = &t.h;
     /* Verified by default: the system's CAs do not know the test CA. */
@@ -246,7 +246,7 @@ static void test_untrusted_ca_and_wrong_host_are_refused(void **state) {
 
 static void test_client_certificate_is_sent_when_given(void **state) {
     (void)state;
-    tls_env_t t;
+    static tls_env_t t; /* static: the teardown reaches it after a failure */
     start(&t, "tls-client");
     h_ctx_t *h = &t.h;
     setenv("LAPSE_TLS_CA", pki(&t, "ca.pem"), 1);
@@ -292,7 +292,7 @@ static void append_out(h_ctx_t *h, const char *out) {
 
 static void test_password_file_and_no_password_shown(void **state) {
     (void)state;
-    tls_env_t t;
+    static tls_env_t t; /* static: the teardown reaches it after a failure */
     start(&t, "tls-secret");
     h_ctx_t *h = &t.h;
     char user[64], secret[64], path[128], body[256];
