@@ -4,10 +4,10 @@
 
 #include "clock_int.h"
 #include "headers_int.h"
+#include "secret_int.h"
 
 #include <lapse/message.h>
 
-#include <amqp_tcp_socket.h>
 #include <poll.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -115,17 +115,31 @@ lapse_status_t lapse__broker_open(lapse__broker_t *broker, const lapse_config_t 
     }
 
     broker->conn = amqp_new_connection();
-    amqp_socket_t *socket = broker->conn ? amqp_tcp_socket_new(broker->conn) : NULL;
-    if (!socket) {
+    if (!broker->conn) {
         lapse__broker_close(broker);
-        return lapse_error_set(err, LAPSE_ERR_NOMEM, "cannot allocate an AMQP socket");
+        return lapse_error_set(err, LAPSE_ERR_NOMEM,
+                               "cannot allocate an AMQP connection");
+    }
+    amqp_socket_t *socket = NULL;
+    lapse_status_t rc =
+        lapse__broker_socket_new(broker->conn, cfg, &socket, &broker->tls, err);
+    if (rc != LAPSE_OK) {
+        lapse__broker_close(broker);
+        return rc;
     }
     struct timeval tv = {.tv_sec = 10, .tv_usec = 0};
     int st = amqp_socket_open_noblock(socket, cfg->host, cfg->port, &tv);
     if (st != AMQP_STATUS_OK) {
+        /* A certificate that fails verification or a broker that refuses this client is
+         * final (LAPSE_ERR_BROKER_TLS); anything else, a handshake cut short included,
+         * may pass on the next try. */
+        rc = lapse_error_set(err, LAPSE_ERR_BROKER_CONNECT, "connect to %s:%d: %s%s%s",
+                             cfg->host, cfg->port, amqp_error_string2(st),
+                             broker->tls ? ": " : "",
+                             broker->tls ? lapse__broker_tls_reason() : "");
+        rc = lapse__broker_tls_failure(broker->tls, cfg, rc, err);
         lapse__broker_close(broker);
-        return lapse_error_set(err, LAPSE_ERR_BROKER_CONNECT, "connect to %s:%d: %s",
-                               cfg->host, cfg->port, amqp_error_string2(st));
+        return rc;
     }
     /* Synchronous RPCs (declare, open, close) must not hang forever on a stuck broker. */
     struct timeval rpc = {.tv_sec = 30, .tv_usec = 0};
@@ -147,14 +161,23 @@ lapse_status_t lapse__broker_open(lapse__broker_t *broker, const lapse_config_t 
          .value = {.kind = AMQP_FIELD_KIND_TABLE,
                    .value = {.table = {.num_entries = 1, .entries = caps_entries}}}}};
     amqp_table_t props = {.num_entries = 4, .entries = props_entries};
+    char password[LAPSE__PASSWORD_MAX];
+    rc = lapse__secret_password(cfg, password, sizeof password, err);
+    if (rc != LAPSE_OK) {
+        lapse__broker_close(broker);
+        return rc;
+    }
     amqp_rpc_reply_t reply = amqp_login_with_properties(
         broker->conn, cfg->vhost, 0, AMQP_DEFAULT_FRAME_SIZE, cfg->heartbeat, &props,
-        AMQP_SASL_METHOD_PLAIN, cfg->user, cfg->password);
+        AMQP_SASL_METHOD_PLAIN, cfg->user, password);
+    lapse__secret_wipe(password, sizeof password);
     /* A refused login arrives as connection.close 403 (or 530 for a vhost it may not
      * use) and is final; a dropped socket during the handshake (a broker restarting, a
-     * proxy without backends) stays retriable. */
-    lapse_status_t rc = lapse__broker_reply(broker, reply, "login", err);
+     * proxy without backends) stays retriable. Under TLS 1.3 a broker that refuses the
+     * client certificate says so now, with an alert: final too. */
+    rc = lapse__broker_reply(broker, reply, "login", err);
     if (rc != LAPSE_OK) {
+        rc = lapse__broker_tls_failure(broker->tls, cfg, rc, err);
         lapse__broker_close(broker);
         return rc;
     }
@@ -601,6 +624,9 @@ void lapse__broker_close(lapse__broker_t *broker) {
         }
         amqp_destroy_connection(broker->conn);
     }
+    /* After the connection: its TLS context called back into this until destroyed. */
+    lapse__broker_tls_free(broker->tls);
+    broker->tls = NULL;
     free(broker->slots);
     broker->slots = NULL;
     broker->conn = NULL;

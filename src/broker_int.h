@@ -21,11 +21,15 @@ typedef struct lapse__pub_slot {
     bool returned;
 } lapse__pub_slot_t;
 
+/* What the TLS layer of a connection saw go wrong (broker_tls.c); owned by the broker. */
+typedef struct lapse__tls lapse__tls_t;
+
 /* A connection, its channel 1, and (with confirms on) the window of publishes the broker
  * has not settled yet. Not thread-safe: one per thread (rabbitmq-c's rule). */
 typedef struct lapse__broker {
     amqp_connection_state_t conn;
     const lapse_config_t *cfg;
+    lapse__tls_t *tls; /* amqps:// only, else NULL */
     bool open;
     bool confirms;
     uint64_t next_tag;   /* tag the next publish gets (1-based, per channel) */
@@ -69,6 +73,32 @@ lapse_status_t lapse__broker_open(lapse__broker_t *broker, const lapse_config_t 
                                   const char *conn_name, size_t window,
                                   lapse__settle_cb settle_cb, void *settle_opaque,
                                   lapse_error_t *err);
+
+/**
+ * The socket of a new connection (broker_tls.c): TCP for amqp://; for amqps:// TLS that
+ * verifies the peer's certificate against cfg's tls_ca (else the system's CAs) and its
+ * host name (or IP address) against cfg's host, and sends cfg's client certificate when
+ * one is set. *socket is owned by conn; *tls (new, or NULL for TCP) is freed with
+ * lapse__broker_tls_free after conn is destroyed. A setting that cannot work (TLS files
+ * without amqps://, a CA file or key that does not load) is LAPSE_ERR_CONFIG_VALUE or
+ * LAPSE_ERR_BROKER_TLS, never retriable.
+ */
+lapse_status_t lapse__broker_socket_new(amqp_connection_state_t conn,
+                                        const lapse_config_t *cfg, amqp_socket_t **socket,
+                                        lapse__tls_t **tls, lapse_error_t *err);
+
+/** After a failed connect or login: LAPSE_ERR_BROKER_TLS with the reason in err when the
+ *  TLS layer recorded one (a certificate that failed verification, a fatal alert from
+ *  the broker); else rc, err untouched. tls may be NULL. */
+lapse_status_t lapse__broker_tls_failure(const lapse__tls_t *tls,
+                                         const lapse_config_t *cfg, lapse_status_t rc,
+                                         lapse_error_t *err);
+
+/** OpenSSL's reason for the last failure in this thread (static), its queue emptied. */
+const char *lapse__broker_tls_reason(void);
+
+/** Accepts NULL. */
+void lapse__broker_tls_free(lapse__tls_t *tls);
 
 /** Close channel and connection (gracefully when still open); accepts a closed broker.
  *  Unsettled publishes are reported as LAPSE_ERR_BROKER_CLOSED. */

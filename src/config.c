@@ -51,6 +51,26 @@ static bool parse_int_range(const char *text, long lo, long hi, int *out) {
     return true;
 }
 
+/* url with the password of its user-info written as "***" ("amqp://u:***@h/v"), so that
+ * the URL can be shown. The authority ends at the first '/', '?' or '#' (a password must
+ * percent-encode those) and the user-info at its last '@'. The URL fits out: it was
+ * checked against the same size. */
+static void mask_password(const char *url, char *out, size_t cap) {
+    const char *user = strstr(url, "://");
+    user = user != NULL ? user + 3 : url;
+    size_t authority = strcspn(user, "/?#");
+    const char *at = NULL;
+    for (const char *q = user; q < user + authority; q++) {
+        at = *q == '@' ? q : at;
+    }
+    const char *colon = at != NULL ? memchr(user, ':', (size_t)(at - user)) : NULL;
+    if (colon == NULL) {
+        snprintf(out, cap, "%s", url);
+        return;
+    }
+    snprintf(out, cap, "%.*s***%s", (int)(colon + 1 - url), url, at);
+}
+
 static lapse_status_t set_amqp_url(lapse_config_t *cfg, const char *value,
                                    lapse_error_t *err) {
     /* Error texts never repeat the URL: it usually carries a password. */
@@ -59,13 +79,9 @@ static lapse_status_t set_amqp_url(lapse_config_t *cfg, const char *value,
         return lapse_error_set(err, LAPSE_ERR_CONFIG_URL,
                                "AMQP URL is longer than %zu bytes", sizeof url - 1);
     }
-    if (strncmp(value, "amqps://", 8) == 0) {
+    if (strncmp(value, "amqp://", 7) != 0 && strncmp(value, "amqps://", 8) != 0) {
         return lapse_error_set(err, LAPSE_ERR_CONFIG_URL,
-                               "amqps:// (TLS) URLs are not supported; use amqp://");
-    }
-    if (strncmp(value, "amqp://", 7) != 0) {
-        return lapse_error_set(err, LAPSE_ERR_CONFIG_URL,
-                               "AMQP URL must start with amqp://");
+                               "AMQP URL must start with amqp:// or amqps:// (TLS)");
     }
     for (const char *p = value; *p != '\0'; p++) {
         unsigned char c = (unsigned char)*p;
@@ -115,6 +131,8 @@ static lapse_status_t set_amqp_url(lapse_config_t *cfg, const char *value,
     }
 
     memcpy(cfg->amqp_url, value, strlen(value) + 1);
+    mask_password(value, cfg->amqp_url_shown, sizeof cfg->amqp_url_shown);
+    cfg->tls = info.ssl != 0; /* amqps://, whose default port is 5671 */
     memcpy(cfg->host, host, sizeof host);
     memcpy(cfg->user, user, sizeof user);
     memcpy(cfg->password, password, sizeof password);
@@ -350,6 +368,53 @@ static lapse_status_t set_log_format(lapse_config_t *cfg, const char *value,
     return LAPSE_OK;
 }
 
+/* The path of a file setting, "" for none; the file itself is read when connecting. */
+static lapse_status_t set_path(char *field, const char *what, const char *value,
+                               lapse_error_t *err) {
+    if (!copy_field(field, LAPSE__PATH_MAX, value)) {
+        return lapse_error_set(err, LAPSE_ERR_CONFIG_VALUE,
+                               "%s path is longer than %d bytes", what,
+                               LAPSE__PATH_MAX - 1);
+    }
+    return LAPSE_OK;
+}
+
+static lapse_status_t set_password_file(lapse_config_t *cfg, const char *value,
+                                        lapse_error_t *err) {
+    return set_path(cfg->amqp_password_file, "amqp_password_file", value, err);
+}
+
+static lapse_status_t set_tls_ca(lapse_config_t *cfg, const char *value,
+                                 lapse_error_t *err) {
+    return set_path(cfg->tls_ca, "tls_ca", value, err);
+}
+
+static lapse_status_t set_tls_cert(lapse_config_t *cfg, const char *value,
+                                   lapse_error_t *err) {
+    return set_path(cfg->tls_cert, "tls_cert", value, err);
+}
+
+static lapse_status_t set_tls_key(lapse_config_t *cfg, const char *value,
+                                  lapse_error_t *err) {
+    return set_path(cfg->tls_key, "tls_key", value, err);
+}
+
+lapse_status_t lapse__config_check_tls(const lapse_config_t *cfg, lapse_error_t *err) {
+    /* TLS files with a plain amqp:// URL would be ignored without a word, and the
+     * operator would believe the connection encrypted. */
+    if (!cfg->tls &&
+        (cfg->tls_ca[0] != '\0' || cfg->tls_cert[0] != '\0' || cfg->tls_key[0] != '\0')) {
+        return lapse_error_set(err, LAPSE_ERR_CONFIG_VALUE,
+                               "--tls-ca, --tls-cert and --tls-key need an amqps:// URL");
+    }
+    if ((cfg->tls_cert[0] != '\0') != (cfg->tls_key[0] != '\0')) {
+        return lapse_error_set(err, LAPSE_ERR_CONFIG_VALUE,
+                               "a client certificate needs both --tls-cert and --tls-key "
+                               "(LAPSE_TLS_CERT, LAPSE_TLS_KEY)");
+    }
+    return LAPSE_OK;
+}
+
 /*
  * The property table (librdkafka's rdkafka_conf.c is the model): every property once,
  * with its environment variable, its default and how it is parsed and shown. set, get,
@@ -387,12 +452,25 @@ static const char *show_log_format(const lapse_config_t *cfg) {
     return cfg->log_json ? "json" : "text";
 }
 
+/* The URL without its password: lapse_config_get never hands a secret out. */
+static const char *show_amqp_url(const lapse_config_t *cfg) {
+    return cfg->amqp_url_shown;
+}
+
 #define FIELD(f) offsetof(lapse_config_t, f)
 
 static const prop_t props[] = {
     /* name, env, default, kind, field, lo, hi, unit, set, show */
     {"amqp_url", "LAPSE_AMQP_URL", DEFAULT_AMQP_URL, PROP_CUSTOM, FIELD(amqp_url), 0, 0,
-     NULL, set_amqp_url, NULL},
+     NULL, set_amqp_url, show_amqp_url},
+    {"amqp_password_file", "LAPSE_AMQP_PASSWORD_FILE", "", PROP_CUSTOM,
+     FIELD(amqp_password_file), 0, 0, NULL, set_password_file, NULL},
+    {"tls_ca", "LAPSE_TLS_CA", "", PROP_CUSTOM, FIELD(tls_ca), 0, 0, NULL, set_tls_ca,
+     NULL},
+    {"tls_cert", "LAPSE_TLS_CERT", "", PROP_CUSTOM, FIELD(tls_cert), 0, 0, NULL,
+     set_tls_cert, NULL},
+    {"tls_key", "LAPSE_TLS_KEY", "", PROP_CUSTOM, FIELD(tls_key), 0, 0, NULL, set_tls_key,
+     NULL},
     {"store", "LAPSE_STORE", "sqlite:lapse.db", PROP_CUSTOM, FIELD(store), 0, 0, NULL,
      set_store, NULL},
     {"store_schema", "LAPSE_STORE_SCHEMA", "lapse", PROP_CUSTOM, FIELD(store_schema), 0,

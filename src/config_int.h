@@ -7,6 +7,8 @@
 
 #define LAPSE__MAX_CLASSES 16
 #define LAPSE__PREFIX_MAX  48
+/* The longest path of a file setting (TLS files, the password file), with its NUL. */
+#define LAPSE__PATH_MAX 1024
 /* Fits a topology name buffer (LAPSE__NAME_MAX) with its NUL. */
 #define LAPSE__EVENTS_QUEUE_MAX 95
 
@@ -17,12 +19,21 @@ typedef struct lapse__class {
 
 struct lapse_config {
     char amqp_url[512];
+    /* amqp_url with its password written as ***: what lapse_config_get() shows */
+    char amqp_url_shown[512];
     /* parsed from amqp_url */
     char host[256];
     int port;
+    bool tls; /* amqps:// */
     char user[128];
-    char password[128];
+    char password[128]; /* the URL's; amqp_password_file replaces it when connecting */
     char vhost[256];
+    /* Paths, "" for none. The password file is read at each connect (secret_int.h), so
+     * a rotated credential is picked up by the next connection. */
+    char amqp_password_file[LAPSE__PATH_MAX];
+    char tls_ca[LAPSE__PATH_MAX];
+    char tls_cert[LAPSE__PATH_MAX];
+    char tls_key[LAPSE__PATH_MAX];
 
     char store[1024];
     char store_schema[64]; /* PostgreSQL: the schema of lapse's tables */
@@ -61,6 +72,11 @@ void lapse__log(const lapse_config_t *cfg, lapse_log_level_t level, const char *
  *  control byte (below 0x20, and 0x7f) written as \\xHH, so that text from a message, the
  *  broker or a file stays one line and cannot drive a terminal. Returns out. */
 char *lapse__escape_ctl(const char *in, char *out, size_t cap);
+
+/** Check the settings of a connection that only make sense together: TLS files with an
+ *  amqps:// URL, --tls-cert with --tls-key. LAPSE_ERR_CONFIG_VALUE with err saying which.
+ *  Pure. */
+lapse_status_t lapse__config_check_tls(const lapse_config_t *cfg, lapse_error_t *err);
 
 /** The class whose TTL equals ttl_ms exactly, or NULL. Borrowed from cfg. */
 const lapse__class_t *lapse__config_find_class(const lapse_config_t *cfg, int64_t ttl_ms);

@@ -494,9 +494,12 @@ lapse_status_t lapse_consumer_run(lapse_consumer_t *c, const volatile sig_atomic
         if (rc == LAPSE_OK || rc == LAPSE_ERR_STOPPED) {
             break;
         }
-        /* A service outlasts what it can: only a refused login or a wrong setting
-         * ends it; store and broker failures are retried with backoff. */
-        if (rc == LAPSE_ERR_BROKER_LOGIN || rc == LAPSE_ERR_INVALID ||
+        /* A service outlasts what it can: only a refused login, a certificate that
+         * fails verification (or a broker that refuses ours), a password file it
+         * cannot read (ERR_IO) or a wrong setting ends it; store and broker failures
+         * are retried with backoff. */
+        if (rc == LAPSE_ERR_BROKER_LOGIN || rc == LAPSE_ERR_BROKER_TLS ||
+            rc == LAPSE_ERR_IO || rc == LAPSE_ERR_INVALID ||
             (rc <= -0x0401 && rc >= -0x04ff)) {
             return rc;
         }

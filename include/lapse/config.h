@@ -25,8 +25,17 @@ LAPSE_API void lapse_config_free(lapse_config_t *cfg);
 
 /**
  * Set a property; value is borrowed (copied). Properties (environment variable, default):
- *   amqp_url     amqp://user:pass@host:port/vhost   (LAPSE_AMQP_URL,
+ *   amqp_url     amqp://user:pass@host:port/vhost, or amqps:// for TLS (port 5671 by
+ *                default)                           (LAPSE_AMQP_URL,
  *                                    amqp://guest:guest@localhost:5672/%2f)
+ *   amqp_password_file  path of a file whose content (one trailing newline dropped)
+ *                replaces the URL's password; read at each connect, so systemd
+ *                credentials and Docker secrets work (LAPSE_AMQP_PASSWORD_FILE, "": none)
+ *   tls_ca       PEM file of the CAs that amqps:// trusts, "" for the system's
+ *                (/etc/ssl/certs/ca-certificates.crt)  (LAPSE_TLS_CA, "")
+ *   tls_cert     PEM client certificate (chain) sent over amqps://, with tls_key
+ *                                                   (LAPSE_TLS_CERT, "")
+ *   tls_key      PEM private key of tls_cert, unencrypted  (LAPSE_TLS_KEY, "")
  *   store        sqlite:PATH or postgresql://...    (LAPSE_STORE, sqlite:lapse.db)
  *   store_schema [a-z_][a-z0-9_]{0,62}: PostgreSQL schema of lapse's tables
  *                                                   (LAPSE_STORE_SCHEMA, lapse)
@@ -78,7 +87,9 @@ LAPSE_API const char *lapse_config_property_env(const char *name);
  *  when it has none or the name is unknown. */
 LAPSE_API const char *lapse_config_property_default(const char *name);
 
-/** Current value as text; borrowed until the next set/free on cfg. NULL if unknown. */
+/** Current value as text; borrowed until the next set/free on cfg. NULL if unknown.
+ *  amqp_url is shown with its password written as *** (amqp://user:***@host/vhost):
+ *  no getter hands out a password. */
 LAPSE_API const char *lapse_config_get(const lapse_config_t *cfg, const char *name);
 
 /** True when ttl_ms is exactly one of the configured classes. */

@@ -35,6 +35,7 @@ LAPSE_API const char *lapse_version(void);
     X(ERR_BROKER_TIMEOUT, -0x0105, 1, "timed out waiting for the broker")                \
     X(ERR_BROKER_PROTOCOL, -0x0106, 1, "unexpected frame from the broker")               \
     X(ERR_BROKER_LOGIN, -0x0107, 0, "the broker refused the login")                      \
+    X(ERR_BROKER_TLS, -0x0108, 0, "TLS failed: a certificate or the handshake")          \
     X(ERR_STORE_OPEN, -0x0201, 0, "cannot open the order store")                         \
     X(ERR_STORE_BUSY, -0x0202, 1, "the order store is busy or locked")                   \
     X(ERR_STORE_SQL, -0x0203, 0, "order store statement failed")                         \

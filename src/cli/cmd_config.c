@@ -28,7 +28,7 @@ int cmd_config(cli_t *cli, int argc, char **argv) {
             json_object_set_new(root, opt->name,
                                 json_pack("{s:s, s:s}", "value", value, "from", from));
         } else {
-            printf("%-16s %-44s %s\n", flag, value, from);
+            printf("%-20s %-44s %s\n", flag, value, from);
         }
     }
     if (as_json) {

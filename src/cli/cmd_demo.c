@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT
  * lapse demo: a handful of orders with short windows, a real consumer, live output. */
 #include "cli.h"
+#include "config_int.h"
 
 #include <lapse/publisher.h>
 
@@ -45,12 +46,16 @@ static int64_t elapsed(int64_t t0) {
 }
 
 static pid_t start_consumer(cli_t *cli) {
-    /* The child takes this run's settings through their variables. */
+    /* The child takes this run's settings through their variables; the URL as given,
+     * since lapse_config_get shows it without its password. */
     for (size_t i = 0; lapse_config_property_name(i); i++) {
         const char *name = lapse_config_property_name(i);
         const char *env = lapse_config_property_env(name);
         if (env) {
-            setenv(env, lapse_config_get(cli->cfg, name), 1);
+            setenv(env,
+                   strcmp(name, "amqp_url") == 0 ? cli->cfg->amqp_url
+                                                 : lapse_config_get(cli->cfg, name),
+                   1);
         }
     }
     char *argv[] = {(char *)"lapse", (char *)"consume", NULL};

@@ -5,6 +5,7 @@
  * No error names more of an unknown option than its name, nor repeats the value of an
  * option that may hold a password. */
 #include "cli.h"
+#include "config_int.h"
 
 #include <getopt.h>
 #include <stdlib.h>
@@ -103,6 +104,12 @@ static int apply_settings(cli_t *cli, const cli_given_t *settings, size_t n) {
                                    safe_text(opt, settings[i].value, &err, rc));
         }
         cli->from[row_index(opt)] = CLI_FROM_FLAG;
+    }
+    /* Settings that only work together are a usage error before anything connects;
+     * `config` still shows them, which is how one finds the odd one out. */
+    if (cli->command->cmd != CLI_CMD_CONFIG &&
+        lapse__config_check_tls(cli->cfg, &err) != LAPSE_OK) {
+        return cli_usage_error(cli->label, "%s", err.text);
     }
     return CLI_RUN;
 }

@@ -1070,8 +1070,8 @@ static void test_secrets_are_never_echoed(void **state) {
         (const char *[]){"--storage=postgres://u:s3cr3t@db/x", "status", NULL});
     /* Invalid values of secret-bearing options and variables. */
     const char *const bad_urls[] = {
-        "http://u:s3cr3t@h/",    "amqps://u:s3cr3t@h/%2f", "amqp://u:s3cr3t@h:99999/",
-        "amqp://u:s3cr3t@h/",    "amqp://u:s3cr3t@h/a/b",  "amqp://u:s3 cr3t@h/%2f",
+        "http://u:s3cr3t@h/",    "amqps://u:s3cr3t@h/",   "amqp://u:s3cr3t@h:99999/",
+        "amqp://u:s3cr3t@h/",    "amqp://u:s3cr3t@h/a/b", "amqp://u:s3 cr3t@h/%2f",
         "amqp://u:s3cr3t@h/%zz",
     };
     for (size_t i = 0; i < sizeof bad_urls / sizeof bad_urls[0]; i++) {
@@ -1112,6 +1112,9 @@ static void test_secrets_are_never_echoed(void **state) {
     /* A good URL with a password: `config` shows it as ***. */
     expect_no_secret(&h, 0, NULL,
                      (const char *[]){"config", "--amqp", "amqp://u:s3cr3t@h/%2f", NULL});
+    expect_no_secret(&h, 0, NULL,
+                     (const char *[]){"config", "--json", "--amqp",
+                                      "amqps://u:s3cr3t@h:5671/%2f", NULL});
     h_teardown(&h);
 }
 

@@ -17,10 +17,22 @@
 
 #define ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 
-static const char *const env_vars[] = {
-    "LAPSE_AMQP_URL",    "LAPSE_STORE",     "LAPSE_PREFIX",    "LAPSE_CLASSES",
-    "LAPSE_QUEUE_TYPE",  "LAPSE_HEARTBEAT", "LAPSE_PREFETCH",  "LAPSE_MAX_ATTEMPTS",
-    "LAPSE_SWEEP_EVERY", "LAPSE_GRACE",     "LAPSE_IN_FLIGHT", "LAPSE_EVENTS_QUEUE"};
+static const char *const env_vars[] = {"LAPSE_AMQP_URL",
+                                       "LAPSE_STORE",
+                                       "LAPSE_PREFIX",
+                                       "LAPSE_CLASSES",
+                                       "LAPSE_QUEUE_TYPE",
+                                       "LAPSE_HEARTBEAT",
+                                       "LAPSE_PREFETCH",
+                                       "LAPSE_MAX_ATTEMPTS",
+                                       "LAPSE_SWEEP_EVERY",
+                                       "LAPSE_GRACE",
+                                       "LAPSE_IN_FLIGHT",
+                                       "LAPSE_EVENTS_QUEUE",
+                                       "LAPSE_AMQP_PASSWORD_FILE",
+                                       "LAPSE_TLS_CA",
+                                       "LAPSE_TLS_CERT",
+                                       "LAPSE_TLS_KEY"};
 
 static int setup(void **state) {
     for (size_t i = 0; i < ARRAY_LEN(env_vars); i++) {
@@ -44,8 +56,14 @@ static int teardown(void **state) {
 
 static void test_defaults_follow_design(void **state) {
     lapse_config_t *cfg = *state;
+    /* The getter never hands out a password (issue 13). */
     assert_string_equal(lapse_config_get(cfg, "amqp_url"),
-                        "amqp://guest:guest@localhost:5672/%2f");
+                        "amqp://guest:***@localhost:5672/%2f");
+    assert_false(cfg->tls);
+    assert_string_equal(lapse_config_get(cfg, "amqp_password_file"), "");
+    assert_string_equal(lapse_config_get(cfg, "tls_ca"), "");
+    assert_string_equal(lapse_config_get(cfg, "tls_cert"), "");
+    assert_string_equal(lapse_config_get(cfg, "tls_key"), "");
     assert_string_equal(cfg->host, "localhost");
     assert_int_equal(cfg->port, 5672);
     assert_string_equal(cfg->user, "guest");
@@ -81,26 +99,40 @@ static void test_defaults_follow_design(void **state) {
 static void test_amqp_url_is_parsed(void **state) {
     lapse_config_t *cfg = *state;
     static const struct {
-        const char *url, *host, *user, *password, *vhost;
+        const char *url, *shown, *host, *user, *password, *vhost;
         int port;
+        bool tls;
     } cases[] = {
-        {"amqp://guest:guest@localhost:5672/%2f", "localhost", "guest", "guest", "/",
-         5672},
-        {"amqp://guest:guest@localhost:5672/%2F", "localhost", "guest", "guest", "/",
-         5672},
-        {"amqp://app:s3cret@mq.example.com:5673/orders", "mq.example.com", "app",
-         "s3cret", "orders", 5673},
-        {"amqp://mq", "mq", "guest", "guest", "/", 5672},
-        {"amqp://u:p@10.0.0.7/shop%2Feu", "10.0.0.7", "u", "p", "shop/eu", 5672},
-        {"amqp://a%40b:p%3Aw%2F@h:1/v", "h", "a@b", "p:w/", "v", 1},
-        {"amqp://u:p@[::1]:65535/x", "::1", "u", "p", "x", 65535},
+        {"amqp://guest:guest@localhost:5672/%2f", "amqp://guest:***@localhost:5672/%2f",
+         "localhost", "guest", "guest", "/", 5672, false},
+        {"amqp://guest:guest@localhost:5672/%2F", "amqp://guest:***@localhost:5672/%2F",
+         "localhost", "guest", "guest", "/", 5672, false},
+        {"amqp://app:s3cret@mq.example.com:5673/orders",
+         "amqp://app:***@mq.example.com:5673/orders", "mq.example.com", "app", "s3cret",
+         "orders", 5673, false},
+        {"amqp://mq", "amqp://mq", "mq", "guest", "guest", "/", 5672, false},
+        {"amqp://u:p@10.0.0.7/shop%2Feu", "amqp://u:***@10.0.0.7/shop%2Feu", "10.0.0.7",
+         "u", "p", "shop/eu", 5672, false},
+        {"amqp://a%40b:p%3Aw%2F@h:1/v", "amqp://a%40b:***@h:1/v", "h", "a@b", "p:w/", "v",
+         1, false},
+        {"amqp://u:p@[::1]:65535/x", "amqp://u:***@[::1]:65535/x", "::1", "u", "p", "x",
+         65535, false},
+        /* TLS: port 5671 unless given; a user without a password (the password file
+         * gives it) shows as it is. */
+        {"amqps://u:p@mq.example.com/%2f", "amqps://u:***@mq.example.com/%2f",
+         "mq.example.com", "u", "p", "/", 5671, true},
+        {"amqps://lapse@mq:5999/shop", "amqps://lapse@mq:5999/shop", "mq", "lapse",
+         "guest", "shop", 5999, true},
+        {"amqps://u:@mq/v", "amqps://u:***@mq/v", "mq", "u", "", "v", 5671, true},
     };
     for (size_t i = 0; i < ARRAY_LEN(cases); i++) {
         lapse_error_t err;
         if (lapse_config_set(cfg, "amqp_url", cases[i].url, &err) != LAPSE_OK) {
             fail_msg("%s: %s", cases[i].url, err.text);
         }
-        assert_string_equal(lapse_config_get(cfg, "amqp_url"), cases[i].url);
+        assert_string_equal(lapse_config_get(cfg, "amqp_url"), cases[i].shown);
+        assert_string_equal(cfg->amqp_url, cases[i].url);
+        assert_int_equal(cfg->tls, cases[i].tls);
         assert_string_equal(cfg->host, cases[i].host);
         assert_string_equal(cfg->user, cases[i].user);
         assert_string_equal(cfg->password, cases[i].password);
@@ -140,7 +172,9 @@ static const struct {
     {"amqp_url", "", LAPSE_ERR_CONFIG_URL},
     {"amqp_url", "http://h/", LAPSE_ERR_CONFIG_URL},
     {"amqp_url", "AMQP://h", LAPSE_ERR_CONFIG_URL},
-    {"amqp_url", "amqps://h/%2f", LAPSE_ERR_CONFIG_URL},
+    {"amqp_url", "amqpss://h/%2f", LAPSE_ERR_CONFIG_URL},
+    {"amqp_url", "AMQPS://h/%2f", LAPSE_ERR_CONFIG_URL},
+    {"amqp_url", "amqps://h/", LAPSE_ERR_CONFIG_URL},
     {"amqp_url", "amqp://h:99999/%2f", LAPSE_ERR_CONFIG_URL},
     {"amqp_url", "amqp://h:0/%2f", LAPSE_ERR_CONFIG_URL},
     {"amqp_url", "amqp://h:abc/%2f", LAPSE_ERR_CONFIG_URL},
@@ -248,6 +282,15 @@ static void test_url_errors_do_not_leak_the_password(void **state) {
                      LAPSE_ERR_CONFIG_URL);
     assert_null(strstr(err.text, "hunter2"));
     assert_non_null(strstr(err.text, "%2f"));
+    /* Accepted, it is still never handed out: no property's value holds it. */
+    assert_int_equal(lapse_config_set(cfg, "amqp_url", "amqps://u:hunter2@h/%2f", &err),
+                     LAPSE_OK);
+    assert_string_equal(cfg->password, "hunter2");
+    for (size_t i = 0; lapse_config_property_name(i) != NULL; i++) {
+        const char *value = lapse_config_get(cfg, lapse_config_property_name(i));
+        assert_non_null(value);
+        assert_null(strstr(value, "hunter2"));
+    }
 }
 
 static void test_null_arguments(void **state) {
@@ -450,8 +493,8 @@ static void test_env_covers_every_setting(void **state) {
         }
     }
     lapse_config_free(fresh);
-    assert_int_equal(n, 18);
-    assert_int_equal(with_env, 18); /* every property has its variable */
+    assert_int_equal(n, 22);
+    assert_int_equal(with_env, 22); /* every property has its variable */
     assert_null(lapse_config_property_name(n + 1));
     assert_null(lapse_config_property_env("clock_skew"));
     assert_null(lapse_config_property_default("clock_skew"));
@@ -522,6 +565,37 @@ static void test_log_goes_to_the_sink_as_one_line(void **state) {
     assert_int_equal(cap.calls, 3);
 }
 
+/* TLS files only with amqps://, a client certificate only with its key (issue 13). */
+static void test_tls_settings_go_together(void **state) {
+    lapse_config_t *cfg = *state;
+    lapse_error_t err;
+    assert_int_equal(lapse__config_check_tls(cfg, &err), LAPSE_OK);
+    assert_int_equal(lapse_config_set(cfg, "tls_ca", "/etc/lapse/ca.pem", NULL),
+                     LAPSE_OK);
+    assert_string_equal(lapse_config_get(cfg, "tls_ca"), "/etc/lapse/ca.pem");
+    assert_int_equal(lapse__config_check_tls(cfg, &err), LAPSE_ERR_CONFIG_VALUE);
+    assert_non_null(strstr(err.text, "amqps://"));
+    assert_int_equal(lapse_config_set(cfg, "amqp_url", "amqps://u:p@h/%2f", NULL),
+                     LAPSE_OK);
+    assert_int_equal(lapse__config_check_tls(cfg, &err), LAPSE_OK);
+    assert_int_equal(lapse_config_set(cfg, "tls_cert", "c.pem", NULL), LAPSE_OK);
+    assert_int_equal(lapse__config_check_tls(cfg, &err), LAPSE_ERR_CONFIG_VALUE);
+    assert_non_null(strstr(err.text, "--tls-key"));
+    assert_int_equal(lapse_config_set(cfg, "tls_key", "c.key", NULL), LAPSE_OK);
+    assert_int_equal(lapse__config_check_tls(cfg, &err), LAPSE_OK);
+    assert_int_equal(lapse_config_set(cfg, "tls_cert", "", NULL), LAPSE_OK);
+    assert_int_equal(lapse__config_check_tls(cfg, &err), LAPSE_ERR_CONFIG_VALUE);
+    /* Paths are kept as given, up to 1023 bytes. */
+    char long_path[LAPSE__PATH_MAX + 1];
+    memset(long_path, 'p', sizeof long_path - 1);
+    long_path[sizeof long_path - 1] = '\0';
+    assert_int_equal(lapse_config_set(cfg, "amqp_password_file", long_path, &err),
+                     LAPSE_ERR_CONFIG_VALUE);
+    long_path[LAPSE__PATH_MAX - 1] = '\0';
+    assert_int_equal(lapse_config_set(cfg, "amqp_password_file", long_path, &err),
+                     LAPSE_OK);
+}
+
 int main(void) {
 #define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
     const struct CMUnitTest tests[] = {
@@ -539,6 +613,7 @@ int main(void) {
         T(test_env_empty_counts_as_unset),
         T(test_env_error_names_variable_and_changes_nothing),
         T(test_log_goes_to_the_sink_as_one_line),
+        T(test_tls_settings_go_together),
     };
 #undef T
     return cmocka_run_group_tests(tests, NULL, NULL);
