@@ -22,7 +22,8 @@ typedef struct role_def {
 
 static const role_def_t ROLES[] = {
     {"publisher", "", "^$", "^@\\.(hold|delay\\.\\d\\d)$", "^$"},
-    {"consumer", "", "^amq\\.gen-.*", "^(@\\.(parked|events|delay\\.\\d\\d)|amq\\.default)$",
+    {"consumer", "", "^amq\\.gen-.*",
+     "^(@\\.(parked|events|delay\\.\\d\\d)|amq\\.default)$",
      "^(@\\.expired|amq\\.gen-.*)$"},
     {"operator", "management", "^@\\.", "^@\\.", "^@\\."},
 };
@@ -56,14 +57,15 @@ char *lapse_roles_export(const lapse_config_t *cfg) {
         }
         /* An empty hash: the user exists, with its permissions, and cannot log in until
          * `rabbitmqctl change_password` gives it a password. */
-        json_array_append_new(users, json_pack("{s:s, s:s, s:s, s:o}", "name", name,
-                                               "password_hash", "", "hashing_algorithm",
-                                               "rabbit_password_hashing_sha256", "tags",
-                                               tags));
-        json_array_append_new(
-            perms, json_pack("{s:s, s:s, s:o, s:o, s:o}", "user", name, "vhost", "/",
-                             "configure", pattern(r->configure, prefix), "write",
-                             pattern(r->write, prefix), "read", pattern(r->read, prefix)));
+        json_array_append_new(users,
+                              json_pack("{s:s, s:s, s:s, s:o}", "name", name,
+                                        "password_hash", "", "hashing_algorithm",
+                                        "rabbit_password_hashing_sha256", "tags", tags));
+        json_array_append_new(perms, json_pack("{s:s, s:s, s:o, s:o, s:o}", "user", name,
+                                               "vhost", "/", "configure",
+                                               pattern(r->configure, prefix), "write",
+                                               pattern(r->write, prefix), "read",
+                                               pattern(r->read, prefix)));
     }
     json_t *root = json_pack("{s:o, s:o}", "users", users, "permissions", perms);
     char *text = root ? json_dumps(root, JSON_INDENT(2)) : NULL;

@@ -552,9 +552,9 @@ static void test_roles_file_equals_export_and_readme(void **state) {
     assert_int_equal(h_run(&h, out, OUT_CAP, "topology", "export", "--roles", NULL), 0);
     chomp(out);
     assert_string_equal(out, file);
-    assert_int_equal(
-        h_run(&h, out, OUT_CAP, "--prefix", "shop", "topology", "export", "--roles", NULL),
-        0);
+    assert_int_equal(h_run(&h, out, OUT_CAP, "--prefix", "shop", "topology", "export",
+                           "--roles", NULL),
+                     0);
     assert_non_null(strstr(out, "\"shop-consumer\""));
     assert_null(strstr(out, "lapse"));
     assert_int_equal(h_run(&h, out, OUT_CAP, "topology", "declare", "--roles", NULL), 2);

@@ -14,12 +14,12 @@
 
 #include "harness.h"
 
+#include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include <limits.h>
 #include <unistd.h>
 
 #define ORDERS 12
@@ -49,7 +49,8 @@ static void role_url(h_ctx_t *h, const char *role, char *url, size_t cap) {
     }
     snprintf(h->amqp, sizeof h->amqp, "%s", saved);
     char line[PATH_MAX + 256];
-    snprintf(line, sizeof line, "'%s' ctl '%s' change_password '%s' pw >>'%s/node.log' 2>&1",
+    snprintf(line, sizeof line,
+             "'%s' ctl '%s' change_password '%s' pw >>'%s/node.log' 2>&1",
              getenv("LAPSE_NODE_SCRIPT"), getenv("LAPSE_TEST_NODE"), name, h->dir);
     assert_int_equal(system(line), 0);
     snprintf(url, cap, "amqp://%s:pw%s", name, at);
