@@ -71,6 +71,40 @@ static void mask_password(const char *url, char *out, size_t cap) {
     snprintf(out, cap, "%.*s***%s", (int)(colon + 1 - url), url, at);
 }
 
+/* A PostgreSQL URI as shown: the user-info password and the values of the password and
+ * sslpassword query parameters as ***. A SQLite path is shown as it is. */
+static void mask_store(const char *uri, char *out, size_t cap) {
+    if (strncmp(uri, "sqlite:", 7) == 0) {
+        snprintf(out, cap, "%s", uri);
+        return;
+    }
+    char tmp[1024];
+    mask_password(uri, tmp, sizeof tmp);
+    const char *q = strchr(tmp, '?');
+    size_t n = 0;
+    for (const char *c = tmp; *c != '\0' && n + 4 < cap; c++) {
+        out[n++] = *c;
+        if (q == NULL || c < q || (*c != '?' && *c != '&')) {
+            continue;
+        }
+        const char *next = c + 1;
+        size_t key = strcspn(next, "=&");
+        bool secret =
+            next[key] == '=' && ((key == 8 && strncmp(next, "password", 8) == 0) ||
+                                 (key == 11 && strncmp(next, "sslpassword", 11) == 0));
+        if (!secret) {
+            continue;
+        }
+        size_t copy = key + 1 < cap - n - 4 ? key + 1 : 0;
+        memcpy(out + n, next, copy);
+        n += copy;
+        memcpy(out + n, "***", 3);
+        n += 3;
+        c = next + key + strcspn(next + key, "&") - 1;
+    }
+    out[n] = '\0';
+}
+
 static lapse_status_t set_amqp_url(lapse_config_t *cfg, const char *value,
                                    lapse_error_t *err) {
     /* Error texts never repeat the URL: it usually carries a password. */
@@ -155,6 +189,7 @@ static lapse_status_t set_store(lapse_config_t *cfg, const char *value,
                                "store URI is longer than %zu bytes",
                                sizeof cfg->store - 1);
     }
+    mask_store(value, cfg->store_shown, sizeof cfg->store_shown);
     return LAPSE_OK;
 }
 
@@ -457,6 +492,10 @@ static const char *show_amqp_url(const lapse_config_t *cfg) {
     return cfg->amqp_url_shown;
 }
 
+static const char *show_store(const lapse_config_t *cfg) {
+    return cfg->store_shown;
+}
+
 #define FIELD(f) offsetof(lapse_config_t, f)
 
 static const prop_t props[] = {
@@ -472,7 +511,7 @@ static const prop_t props[] = {
     {"tls_key", "LAPSE_TLS_KEY", "", PROP_CUSTOM, FIELD(tls_key), 0, 0, NULL, set_tls_key,
      NULL},
     {"store", "LAPSE_STORE", "sqlite:lapse.db", PROP_CUSTOM, FIELD(store), 0, 0, NULL,
-     set_store, NULL},
+     set_store, show_store},
     {"store_schema", "LAPSE_STORE_SCHEMA", "lapse", PROP_CUSTOM, FIELD(store_schema), 0,
      0, NULL, set_store_schema, NULL},
     {"orders_map", "LAPSE_ORDERS_MAP", "", PROP_CUSTOM, FIELD(orders_map), 0, 0, NULL,

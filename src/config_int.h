@@ -36,8 +36,9 @@ struct lapse_config {
     char tls_key[LAPSE__PATH_MAX];
 
     char store[1024];
-    char store_schema[64]; /* PostgreSQL: the schema of lapse's tables */
-    char orders_map[1024]; /* the path of an orders map, "" for none */
+    char store_shown[1024]; /* store with its password masked: lapse_config_get */
+    char store_schema[64];  /* PostgreSQL: the schema of lapse's tables */
+    char orders_map[1024];  /* the path of an orders map, "" for none */
     char prefix[LAPSE__PREFIX_MAX + 1];
     lapse__class_t classes[LAPSE__MAX_CLASSES];
     size_t n_classes;

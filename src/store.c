@@ -6,6 +6,7 @@
 #include <jansson.h>
 
 #include "backoff_int.h"
+#include "config_int.h"
 #include "store_int.h"
 
 #define OPEN_ATTEMPTS 20
@@ -131,6 +132,17 @@ lapse_store_t *lapse_store_open_flags(const char *uri, unsigned flags, lapse_sta
     lapse_store_options_init(&opts);
     opts.flags = flags;
     return lapse_store_open_opts(uri, &opts, rc, err);
+}
+
+lapse_store_t *lapse_store_open_config(const lapse_config_t *cfg, unsigned flags,
+                                       lapse_status_t *rc, lapse_error_t *err) {
+    lapse_store_options_t opts;
+    lapse_store_options_init(&opts);
+    opts.flags = flags;
+    opts.schema = lapse_config_get(cfg, "store_schema");
+    const char *map = lapse_config_get(cfg, "orders_map");
+    opts.orders_map = map != NULL && map[0] != '\0' ? map : NULL;
+    return lapse_store_open_opts(cfg->store, &opts, rc, err);
 }
 
 void lapse_store_options_init(lapse_store_options_t *opts) {

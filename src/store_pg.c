@@ -70,6 +70,23 @@ static void first_line(const char *msg, char *out, size_t cap) {
     out[strcspn(out, "\n")] = '\0';
 }
 
+/* Every copy of uri's password in msg (a libpq message) becomes ***. */
+static void hide_password(const char *uri, char *msg) {
+    PQconninfoOption *opts = PQconninfoParse(uri, NULL);
+    for (PQconninfoOption *o = opts; o != NULL && o->keyword != NULL; o++) {
+        if (o->val == NULL || o->val[0] == '\0' ||
+            (strcmp(o->keyword, "password") != 0 &&
+             strcmp(o->keyword, "sslpassword") != 0)) {
+            continue;
+        }
+        size_t n = strlen(o->val);
+        for (char *at = strstr(msg, o->val); at != NULL; at = strstr(at + n, o->val)) {
+            memset(at, '*', n);
+        }
+    }
+    PQconninfoFree(opts);
+}
+
 static lapse_status_t fail_result(pg_store_t *s, const PGresult *res, const char *what,
                                   lapse_error_t *err) {
     const char *state = res != NULL ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : NULL;
@@ -103,6 +120,37 @@ static lapse_status_t connect_db(pg_store_t *s, lapse_error_t *err) {
         values[6] = s->uri;
         keys[7] = values[7] = NULL;
     }
+    /* libpq's parse errors quote the offending token, which may be the password
+     * ("invalid percent-encoded token: ..."): parse first, and say what is wrong
+     * without the token. */
+    char *parse_error = NULL;
+    PQconninfoOption *parsed = PQconninfoParse(s->uri, &parse_error);
+    if (parsed == NULL) {
+        char msg[256];
+        first_line(parse_error != NULL ? parse_error : "out of memory", msg, sizeof msg);
+        PQfreemem(parse_error);
+        /* What libpq quotes becomes "...". */
+        char shown[sizeof msg];
+        size_t n = 0;
+        bool quoted = false;
+        for (const char *c = msg; *c != '\0' && n + 4 < sizeof shown; c++) {
+            if (*c == '"') {
+                quoted = !quoted;
+                if (quoted) {
+                    memcpy(shown + n, "\"...", 4);
+                    n += 4;
+                } else {
+                    shown[n++] = '"';
+                }
+            } else if (!quoted) {
+                shown[n++] = *c;
+            }
+        }
+        shown[n] = '\0';
+        return lapse_error_set(err, LAPSE_ERR_STORE_OPEN,
+                               "PostgreSQL: the store URI does not parse: %s", shown);
+    }
+    PQconninfoFree(parsed);
     if (s->conn != NULL) {
         PQfinish(s->conn);
     }
@@ -113,6 +161,7 @@ static lapse_status_t connect_db(pg_store_t *s, lapse_error_t *err) {
     if (PQstatus(s->conn) != CONNECTION_OK) {
         char msg[512];
         first_line(PQerrorMessage(s->conn), msg, sizeof msg);
+        hide_password(s->uri, msg);
         /* A server that is down, restarting or full is retriable; a URI libpq cannot
          * parse, a refused login or a missing database is not. */
         bool fatal =

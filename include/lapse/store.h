@@ -5,6 +5,7 @@
 #ifndef LAPSE_STORE_H
 #define LAPSE_STORE_H
 
+#include <lapse/config.h>
 #include <lapse/lapse.h>
 #include <lapse/message.h>
 
@@ -130,6 +131,15 @@ LAPSE_API lapse_store_t *lapse_store_open_opts(const char *uri,
 /** lapse_store_open_opts() with these flags and the default schema. */
 LAPSE_API lapse_store_t *lapse_store_open_flags(const char *uri, unsigned flags,
                                                 lapse_status_t *rc, lapse_error_t *err);
+
+/**
+ * lapse_store_open_opts() with cfg's settings: the store URI (with its password, which
+ * lapse_config_get("store") masks), store_schema and orders_map, and these flags. cfg is
+ * only read during the call.
+ */
+LAPSE_API lapse_store_t *lapse_store_open_config(const lapse_config_t *cfg,
+                                                 unsigned flags, lapse_status_t *rc,
+                                                 lapse_error_t *err);
 
 /** lapse_store_open_flags(uri, 0, rc, err): creates the store when it is missing. */
 LAPSE_API lapse_store_t *lapse_store_open(const char *uri, lapse_status_t *rc,

@@ -154,14 +154,7 @@ volatile sig_atomic_t *cli_install_stop_handlers(void) {
 
 lapse_store_t *cli_try_store(cli_t *cli, unsigned flags, lapse_status_t *rc,
                              lapse_error_t *err) {
-    lapse_store_options_t opts;
-    lapse_store_options_init(&opts);
-    opts.flags = flags;
-    opts.schema = lapse_config_get(cli->cfg, "store_schema");
-    const char *map = lapse_config_get(cli->cfg, "orders_map");
-    opts.orders_map = map != NULL && map[0] != '\0' ? map : NULL;
-    lapse_store_t *store =
-        lapse_store_open_opts(lapse_config_get(cli->cfg, "store"), &opts, rc, err);
+    lapse_store_t *store = lapse_store_open_config(cli->cfg, flags, rc, err);
     const char *warning = lapse_store_warning(store);
     if (warning != NULL) {
         fprintf(stderr, "lapse: warning: %s\n", warning);

@@ -46,16 +46,17 @@ static int64_t elapsed(int64_t t0) {
 }
 
 static pid_t start_consumer(cli_t *cli) {
-    /* The child takes this run's settings through their variables; the URL as given,
-     * since lapse_config_get shows it without its password. */
+    /* The child takes this run's settings through their variables; the URL and the store
+     * URI as given, since lapse_config_get shows them without their passwords. */
     for (size_t i = 0; lapse_config_property_name(i); i++) {
         const char *name = lapse_config_property_name(i);
         const char *env = lapse_config_property_env(name);
         if (env) {
-            setenv(env,
-                   strcmp(name, "amqp_url") == 0 ? cli->cfg->amqp_url
-                                                 : lapse_config_get(cli->cfg, name),
-                   1);
+            const char *value = strcmp(name, "amqp_url") == 0 ? cli->cfg->amqp_url
+                                : strcmp(name, "store") == 0
+                                    ? cli->cfg->store
+                                    : lapse_config_get(cli->cfg, name);
+            setenv(env, value, 1);
         }
     }
     char *argv[] = {(char *)"lapse", (char *)"consume", NULL};

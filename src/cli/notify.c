@@ -34,10 +34,22 @@ void cli_notify_init(cli_notify_t *n) {
 }
 
 void cli_notify_status(cli_notify_t *n, const char *text) {
-    if (!n->on || strcmp(n->status, text) == 0) {
+    if (!n->on) {
         return;
     }
-    snprintf(n->status, sizeof n->status, "%s", text);
+    /* One line: the text may carry a broker's reply text, and a newline in it would
+     * become another assignment (WATCHDOG=1, EXTEND_TIMEOUT_USEC=...) from this pid. */
+    char line[sizeof n->status];
+    snprintf(line, sizeof line, "%s", text);
+    for (char *c = line; *c; c++) {
+        if ((unsigned char)*c < 0x20 || *c == 0x7f) {
+            *c = ' ';
+        }
+    }
+    if (strcmp(n->status, line) == 0) {
+        return;
+    }
+    memcpy(n->status, line, sizeof line);
     char msg[sizeof n->status + 8];
     snprintf(msg, sizeof msg, "STATUS=%s", n->status);
     sd_notify(0, msg);

@@ -56,7 +56,7 @@ int main(int argc, char **argv) {
         code = fail("configuration", rc, &err);
         goto out;
     }
-    store = lapse_store_open(lapse_config_get(cfg, "store"), &rc, &err);
+    store = lapse_store_open_config(cfg, 0, &rc, &err);
     if (!store) {
         code = fail("store", rc, &err);
         goto out;

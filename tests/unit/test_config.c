@@ -4,6 +4,7 @@
 #include "config_int.h"
 
 #include <lapse/message.h>
+#include <lapse/store.h>
 
 #include <setjmp.h>
 #include <stdarg.h>
@@ -596,6 +597,41 @@ static void test_tls_settings_go_together(void **state) {
                      LAPSE_OK);
 }
 
+/* The store URI's password is never handed out: lapse_config_get masks it (user info,
+ * password= and sslpassword=), and a URI libpq cannot parse is refused without the
+ * token libpq would quote. */
+static void test_store_password_never_shown(void **state) {
+    (void)state;
+    struct {
+        const char *uri, *shown;
+    } cases[] = {
+        {"postgresql://u:pgsecret@db:5432/shop", "postgresql://u:***@db:5432/shop"},
+        {"postgres://db/shop?password=pgsecret&sslmode=require",
+         "postgres://db/shop?password=***&sslmode=require"},
+        {"postgresql://u@db/shop?sslmode=require&sslpassword=pgsecret",
+         "postgresql://u@db/shop?sslmode=require&sslpassword=***"},
+        {"postgresql://u@db/shop?mypassword=x", "postgresql://u@db/shop?mypassword=x"},
+        {"sqlite:/var/lib/lapse/p:w@x.db", "sqlite:/var/lib/lapse/p:w@x.db"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        lapse_config_t *cfg = lapse_config_new();
+        assert_int_equal(lapse_config_set(cfg, "store", cases[i].uri, NULL), LAPSE_OK);
+        assert_string_equal(lapse_config_get(cfg, "store"), cases[i].shown);
+        lapse_config_free(cfg);
+    }
+    const char *bad[] = {"postgresql://u:pg%ZZsecret@127.0.0.1:1/db",
+                         "postgres://u:pg%00secret@127.0.0.1:1/db"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        lapse_status_t rc = LAPSE_OK;
+        lapse_error_t err = {0};
+        assert_null(lapse_store_open(bad[i], &rc, &err));
+        printf("%s -> %s\n", bad[i], err.text);
+        assert_int_equal(rc, LAPSE_ERR_STORE_OPEN);
+        assert_null(strstr(err.text, "secret"));
+        assert_non_null(strstr(err.text, "does not parse"));
+    }
+}
+
 int main(void) {
 #define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
     const struct CMUnitTest tests[] = {
@@ -614,6 +650,7 @@ int main(void) {
         T(test_env_error_names_variable_and_changes_nothing),
         T(test_log_goes_to_the_sink_as_one_line),
         T(test_tls_settings_go_together),
+        T(test_store_password_never_shown),
     };
 #undef T
     return cmocka_run_group_tests(tests, NULL, NULL);
