@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT
  * Shared pieces of the lapse executable: exit codes, errors, logging, signals. */
 #include "cli.h"
+#include "log_sink.h"
 
 #include <lapse/message.h>
 
@@ -78,6 +79,14 @@ char *cli_redact(const char *text, char *buf, size_t cap) {
 static void error_line(const char *lead, const char *fmt, va_list ap, const char *tail)
     __attribute__((format(printf, 2, 0)));
 
+/* Where error lines go once the settings are known: the log sink's format and journald
+ * prefix (cli_set_error_log); NULL: plain text. */
+static const cli_log_t *error_log;
+
+void cli_set_error_log(const cli_log_t *log) {
+    error_log = log;
+}
+
 static void error_line(const char *lead, const char *fmt, va_list ap, const char *tail) {
     va_list again;
     va_copy(again, ap);
@@ -93,7 +102,18 @@ static void error_line(const char *lead, const char *fmt, va_list ap, const char
         vsnprintf(text, len + 1, fmt, ap);
         /* One line, as docs/design.md ("The command line") asks of every error. */
         text[strcspn(text, "\n")] = '\0';
-        fprintf(stderr, "%s%.1000s%s\n", lead, cli_redact(text, safe, 2 * len + 4), tail);
+        char line[1200];
+        snprintf(line, sizeof line, "%s%.1000s%s", lead,
+                 cli_redact(text, safe, 2 * len + 4), tail);
+        char *out = error_log != NULL
+                        ? cli_log_format_error(error_log, lapse_clock_now_ms(), line)
+                        : NULL;
+        if (out != NULL) {
+            fputs(out, stderr);
+            free(out);
+        } else {
+            fprintf(stderr, "%s\n", line);
+        }
     }
     free(text);
     free(safe);

@@ -87,6 +87,11 @@ int64_t cli_setting_ms(const cli_t *cli, const char *property);
  *  ("amqp://u:***@h/"), so that no error or listing shows one. Returns buf. */
 char *cli_redact(const char *text, char *buf, size_t cap);
 
+/** From now on, error lines follow log's format (JSON) and journald prefix ("<3>"); log
+ *  is borrowed and must outlive every later error line. */
+struct cli_log;
+void cli_set_error_log(const struct cli_log *log);
+
 /** Print one line "lapse: <printf text>" to stderr, passwords redacted. */
 void cli_errorf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 

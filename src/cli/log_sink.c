@@ -187,6 +187,30 @@ static char *format_json(int64_t ts_ms, lapse_log_level_t level, const char *lin
     return out;
 }
 
+char *cli_log_format_error(const cli_log_t *log, int64_t ts_ms, const char *text) {
+    char *body = NULL;
+    if (log != NULL && log->json) {
+        char ts[LAPSE_RFC3339_LEN];
+        lapse_time_format_rfc3339(ts_ms, ts);
+        json_t *obj = json_pack("{s:s, s:s, s:s, s:s?}", "ts", ts, "level", "error",
+                                "event", "error", "msg", text);
+        body = obj != NULL ? json_dumps(obj, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+        json_decref(obj);
+    } else {
+        body = strdup(text);
+    }
+    if (body == NULL) {
+        return NULL;
+    }
+    size_t n = strlen(body) + 8;
+    char *out = malloc(n);
+    if (out != NULL) {
+        snprintf(out, n, "%s%s\n", log != NULL && log->journal ? "<3>" : "", body);
+    }
+    free(body);
+    return out;
+}
+
 char *cli_log_format(const cli_log_t *log, int64_t ts_ms, lapse_log_level_t level,
                      const char *line) {
     if (level > LAPSE_LOG_DEBUG) {

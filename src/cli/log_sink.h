@@ -38,6 +38,14 @@ int cli_log_priority(lapse_log_level_t level);
 char *cli_log_format(const cli_log_t *log, int64_t ts_ms, lapse_log_level_t level,
                      const char *line);
 
+/**
+ * One of the executable's own error lines (text: "lapse: ..." as the CLI wrote it,
+ * already redacted) as the sink would write it: as it is in text; in JSON
+ * {"ts":..,"level":"error","event":"error","msg":text}; with log->journal, "<3>" first.
+ * With its newline. @return new, free() it; NULL on OOM.
+ */
+char *cli_log_format_error(const cli_log_t *log, int64_t ts_ms, const char *text);
+
 /** lapse_log_cb writing cli_log_format's line to stderr in one write; opaque is a
  *  borrowed cli_log_t (NULL: text, no prefix) that must outlive the config's use. */
 void cli_log_sink(void *opaque, lapse_log_level_t level, const char *line);

@@ -39,6 +39,7 @@ int main(int argc, char **argv) {
     int code = cli_parse(&cli, argc, argv, &n_pos, &pos);
     if (code == CLI_RUN) {
         cli_log_setup(&log, cfg);
+        cli_set_error_log(&log);
         code = commands[cli.command->cmd](&cli, n_pos, pos);
     }
     code = cli_finish_stdout(code);

@@ -198,6 +198,34 @@ static void test_journal_stream_matches_fd(void **state) {
     unlink(other);
 }
 
+/* The executable's own error lines: unchanged in text, "<3>" before them under
+ * journald, one JSON object (level error) in json mode. */
+static void test_error_lines_follow_the_sink(void **state) {
+    (void)state;
+    const char *text = "lapse: metrics: cannot listen on 127.0.0.1:9464: \"in use\"";
+    cli_log_t plain = {0}, journal = {.journal = true}, json = {.json = true};
+    char *out = cli_log_format_error(&plain, 0, text);
+    assert_non_null(out);
+    assert_string_equal(out,
+                        "lapse: metrics: cannot listen on 127.0.0.1:9464: \"in use\"\n");
+    free(out);
+    out = cli_log_format_error(&journal, 0, text);
+    assert_non_null(out);
+    assert_int_equal(strncmp(out, "<3>lapse: metrics:", 18), 0);
+    free(out);
+    out = cli_log_format_error(&json, 1764547200000, text);
+    assert_non_null(out);
+    json_t *obj = json_loads(out, 0, NULL);
+    assert_non_null(obj);
+    assert_string_equal(json_string_value(json_object_get(obj, "level")), "error");
+    assert_string_equal(json_string_value(json_object_get(obj, "event")), "error");
+    assert_string_equal(json_string_value(json_object_get(obj, "msg")), text);
+    assert_string_equal(json_string_value(json_object_get(obj, "ts")),
+                        "2025-12-01T00:00:00.000Z");
+    json_decref(obj);
+    free(out);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_text_line),
@@ -207,6 +235,7 @@ int main(void) {
         cmocka_unit_test(test_passwords_redacted),
         cmocka_unit_test(test_journal_prefix),
         cmocka_unit_test(test_journal_stream_matches_fd),
+        cmocka_unit_test(test_error_lines_follow_the_sink),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
