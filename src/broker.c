@@ -889,6 +889,25 @@ lapse_status_t lapse__broker_declare_private(lapse__broker_t *broker,
     return rc;
 }
 
+lapse_status_t lapse__broker_declare_transient_direct(lapse__broker_t *broker,
+                                                      const char *exchange,
+                                                      lapse_error_t *err) {
+    amqp_exchange_declare(broker->conn, LAPSE__CHANNEL, amqp_cstring_bytes(exchange),
+                          amqp_cstring_bytes("direct"), 0, 0, 0, 0, amqp_empty_table);
+    return lapse__broker_reply(broker, amqp_get_rpc_reply(broker->conn),
+                               "exchange.declare", err);
+}
+
+lapse_status_t lapse__broker_bind(lapse__broker_t *broker, const char *queue,
+                                  const char *exchange, const char *key,
+                                  lapse_error_t *err) {
+    amqp_queue_bind(broker->conn, LAPSE__CHANNEL, amqp_cstring_bytes(queue),
+                    amqp_cstring_bytes(exchange), amqp_cstring_bytes(key),
+                    amqp_empty_table);
+    return lapse__broker_reply(broker, amqp_get_rpc_reply(broker->conn), "queue.bind",
+                               err);
+}
+
 lapse_status_t lapse__broker_get(lapse__broker_t *broker, const char *queue,
                                  amqp_message_t *msg, bool *got, lapse_error_t *err) {
     *got = false;

@@ -200,6 +200,17 @@ lapse_status_t lapse__broker_declare_private(lapse__broker_t *broker,
                                              const amqp_table_t *args, char *name,
                                              size_t cap, lapse_error_t *err);
 
+/** Declare exchange as a direct, non-durable exchange (idempotent; gone after a broker
+ *  restart, declared again by the next caller). */
+lapse_status_t lapse__broker_declare_transient_direct(lapse__broker_t *broker,
+                                                      const char *exchange,
+                                                      lapse_error_t *err);
+
+/** Bind queue to exchange with routing key key. */
+lapse_status_t lapse__broker_bind(lapse__broker_t *broker, const char *queue,
+                                  const char *exchange, const char *key,
+                                  lapse_error_t *err);
+
 /** basic.get with no_ack from queue: *got says whether a message came; then msg is new
  *  (release it with lapse__broker_message_clear). */
 lapse_status_t lapse__broker_get(lapse__broker_t *broker, const char *queue,

@@ -105,12 +105,12 @@ int64_t lapse__consumer_sweep_now(lapse_consumer_t *c, bool broker_up, const cha
 /* One probe: published into a private queue whose TTL is 0, dead-lettered at once into
  * another, read back. Its x-death time is the broker's clock at that moment. */
 static lapse_status_t probe_once(lapse_consumer_t *c, lapse__broker_t *b,
-                                 const char *into, const char *from, int64_t until,
-                                 int *got, lapse_error_t *err) {
+                                 const char *exchange, const char *into, const char *from,
+                                 int64_t until, int *got, lapse_error_t *err) {
     amqp_basic_properties_t props = {._flags = AMQP_BASIC_DELIVERY_MODE_FLAG,
                                      .delivery_mode = AMQP_DELIVERY_NONPERSISTENT};
     static const char body[] = "lapse clock probe";
-    lapse_status_t rc = lapse__broker_publish(b, "", into, false, &props, body,
+    lapse_status_t rc = lapse__broker_publish(b, exchange, into, false, &props, body,
                                               sizeof body - 1, NULL, err);
     int64_t give_up = lapse__mono_ms() + PROBE_WAIT_MS;
     give_up = give_up < until ? give_up : until;
@@ -170,15 +170,30 @@ void lapse__consumer_probe_clock(lapse_consumer_t *c) {
     lapse_status_t rc = lapse__broker_open(&b, c->cfg, name, 0, NULL, NULL, &err);
     if (rc == LAPSE_OK) {
         lapse__broker_set_rpc_timeout(&b, until - lapse__mono_ms());
+        /* Through <prefix>.probe, not the default exchange: a consumer user with write
+         * on amq.default could publish into every queue of the vhost (README
+         * "Permissions"). */
+        char exchange[LAPSE__PREFIX_MAX + 8];
+        snprintf(exchange, sizeof exchange, "%s.probe",
+                 lapse_config_get(c->cfg, "prefix"));
         char from[128] = "";
         char into[128] = "";
-        rc = lapse__broker_declare_private(&b, NULL, from, sizeof from, &err);
-        amqp_table_entry_t e[3] = {lapse__entry_str("x-dead-letter-exchange", ""),
+        rc = lapse__broker_declare_transient_direct(&b, exchange, &err);
+        if (rc == LAPSE_OK) {
+            rc = lapse__broker_declare_private(&b, NULL, from, sizeof from, &err);
+        }
+        amqp_table_entry_t e[3] = {lapse__entry_str("x-dead-letter-exchange", exchange),
                                    lapse__entry_str("x-dead-letter-routing-key", from),
                                    lapse__entry_i64("x-message-ttl", 0)};
         amqp_table_t args = {.num_entries = 3, .entries = e};
         if (rc == LAPSE_OK) {
             rc = lapse__broker_declare_private(&b, &args, into, sizeof into, &err);
+        }
+        if (rc == LAPSE_OK) {
+            rc = lapse__broker_bind(&b, from, exchange, from, &err);
+        }
+        if (rc == LAPSE_OK) {
+            rc = lapse__broker_bind(&b, into, exchange, into, &err);
         }
         for (int i = 0; i < PROBES && rc == LAPSE_OK && !*c->stop; i++) {
             if (i > 0) {
@@ -187,7 +202,7 @@ void lapse__consumer_probe_clock(lapse_consumer_t *c) {
             if (lapse__mono_ms() >= until) {
                 break;
             }
-            rc = probe_once(c, &b, into, from, until, &got, &err);
+            rc = probe_once(c, &b, exchange, into, from, until, &got, &err);
         }
         /* Both queues are exclusive: closing the connection deletes them. */
         lapse__broker_set_rpc_timeout(&b, 1000);

@@ -22,9 +22,9 @@ typedef struct role_def {
 
 static const role_def_t ROLES[] = {
     {"publisher", "", "^$", "^@\\.(hold|delay\\.\\d\\d)$", "^$"},
-    {"consumer", "", "^amq\\.gen-.*",
-     "^(@\\.(parked|events|delay\\.\\d\\d)|amq\\.default)$",
-     "^(@\\.expired|amq\\.gen-.*)$"},
+    {"consumer", "", "^(@\\.probe|amq\\.gen-.*)$",
+     "^(@\\.(parked|events|delay\\.\\d\\d|probe)|amq\\.gen-.*)$",
+     "^(@\\.(expired|probe)|amq\\.gen-.*)$"},
     {"operator", "management", "^@\\.", "^@\\.", "^@\\."},
 };
 

@@ -184,6 +184,13 @@ static void test_least_privilege_users_do_their_jobs(void **state) {
     amqp_connection_state_t cconn = h_amqp_open(&h);
     amqp_queue_purge(cconn, 1, amqp_cstring_bytes(hold));
     assert_access_refused(cconn, "consumer queue.purge hold");
+    /* Nor publish through the default exchange into a queue (amq.default is no write of
+     * its: the clock probe goes through <prefix>.probe). The refusal closes the channel,
+     * which the next synchronous method reports. */
+    amqp_basic_publish(cconn, 1, amqp_empty_bytes, amqp_cstring_bytes(expired), 0, 0,
+                       NULL, amqp_cstring_bytes("x"));
+    amqp_basic_qos(cconn, 1, 0, 1, 0);
+    assert_access_refused(cconn, "consumer publish via amq.default");
     h_amqp_close(cconn);
     assert_int_equal(h_queue_depth(conn, expired), 1);
 
