@@ -299,7 +299,12 @@ def consumer_login(services, compose=None, compose_dir="."):
             return None
         try:
             with open(host, encoding="utf-8") as f:
-                password = f.read().rstrip("\r\n")
+                password = f.read()
+            # As lapse reads it: one final newline (\n or \r\n) dropped, no more.
+            for end in ("\r\n", "\n"):
+                if password.endswith(end):
+                    password = password[: -len(end)]
+                    break
         except OSError as e:
             problem(f"lapse-consumer: the password file's secret {host} cannot be read: "
                     f"{e.strerror}")
