@@ -237,20 +237,6 @@ static void test_broker_killed_while_orders_are_held(void **state) {
     h_teardown(&h);
 }
 
-/* Whatever happened above, the shared node answers again for the tests that follow. */
-static int ensure_node(void **state) {
-    (void)state;
-    h_ctx_t h;
-    h_setup(&h, "fault-node", CLASS, false);
-    int rc = 0;
-    if (h_node(&h, "status") != 0) {
-        fprintf(stderr, "the test node is down: restarting it\n");
-        rc = h_node(&h, "restart") == 0 ? 0 : -1;
-    }
-    h_teardown(&h);
-    return rc;
-}
-
 int main(int argc, char **argv) {
     quorum = argc > 1 && strcmp(argv[1], "quorum") == 0;
     if (quorum) {
@@ -260,5 +246,5 @@ int main(int argc, char **argv) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_broker_killed_while_orders_are_held),
     };
-    return cmocka_run_group_tests(tests, NULL, ensure_node);
+    return cmocka_run_group_tests(tests, NULL, h_group_ensure_node);
 }

@@ -277,23 +277,9 @@ static void test_metrics_equal_the_store_and_health_follows_the_broker(void **st
     h_teardown(&h);
 }
 
-/* Whatever happened above, the shared node answers again for the tests that follow. */
-static int ensure_node(void **state) {
-    (void)state;
-    h_ctx_t h;
-    h_setup(&h, "metrics-node", "2s", false);
-    int rc = 0;
-    if (h_node(&h, "status") != 0) {
-        fprintf(stderr, "the test node is down: restarting it\n");
-        rc = h_node(&h, "restart") == 0 ? 0 : -1;
-    }
-    h_teardown(&h);
-    return rc;
-}
-
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_metrics_equal_the_store_and_health_follows_the_broker),
     };
-    return cmocka_run_group_tests(tests, NULL, ensure_node);
+    return cmocka_run_group_tests(tests, NULL, h_group_ensure_node);
 }

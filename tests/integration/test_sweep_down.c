@@ -110,23 +110,9 @@ static void test_overdue_orders_cancelled_while_the_broker_is_down(void **state)
     h_teardown(&h);
 }
 
-/* Whatever happened above, the shared node answers again for the tests that follow. */
-static int ensure_node(void **state) {
-    (void)state;
-    h_ctx_t h;
-    h_setup(&h, "sweep-down-node", "4s", false);
-    int rc = 0;
-    if (h_node(&h, "status") != 0) {
-        fprintf(stderr, "the test node is down: restarting it\n");
-        rc = h_node(&h, "restart") == 0 ? 0 : -1;
-    }
-    h_teardown(&h);
-    return rc;
-}
-
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_overdue_orders_cancelled_while_the_broker_is_down),
     };
-    return cmocka_run_group_tests(tests, NULL, ensure_node);
+    return cmocka_run_group_tests(tests, NULL, h_group_ensure_node);
 }

@@ -998,6 +998,19 @@ long h_rss_kb(pid_t pid) {
     return h_status_kb(pid, "VmRSS");
 }
 
+int h_group_ensure_node(void **state) {
+    (void)state;
+    h_ctx_t h;
+    h_setup(&h, "ensure-node", "2s", false);
+    int rc = 0;
+    if (h_node(&h, "status") != 0) {
+        fprintf(stderr, "the test node is down: restarting it\n");
+        rc = h_node(&h, "restart") == 0 ? 0 : -1;
+    }
+    h_teardown(&h);
+    return rc;
+}
+
 int h_node(h_ctx_t *h, const char *cmd) {
     const char *node = getenv("LAPSE_TEST_NODE");
     if (!node) {

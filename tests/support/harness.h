@@ -54,6 +54,10 @@ int h_ms(int ms);
  * tables appear with the first lapse command). Aborts the test run with a message when
  * the environment is not there. */
 void h_setup(h_ctx_t *h, const char *name, const char *classes, bool declare);
+
+/* A cmocka group teardown for tests that kill or stop the shared test node: restarts it
+ * when it is down, so the tests that follow find it answering; -1 when it cannot. */
+int h_group_ensure_node(void **state);
 /* Close the connection, delete the test's queues (<prefix>.*, best effort), the temp
  * dir and the PostgreSQL database (all kept with LAPSE_TEST_KEEP set). */
 void h_teardown(h_ctx_t *h);
