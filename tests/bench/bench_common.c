@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/time.h>
 #include <time.h>
 
 void bench_die(const char *what, const char *detail) {
@@ -125,4 +126,53 @@ size_t bench_body(char *buf, size_t cap, size_t i, int64_t deadline_ms) {
                      "\"created_at\":\"%s\"}",
                      i, deadline, created);
     return n < 0 || (size_t)n >= cap ? 0 : (size_t)n;
+}
+
+bench_window_t bench_window_init(size_t size) {
+    bench_window_t w = {.done = calloc(size, sizeof(bool)), .size = size, .low = 0, .next = 1};
+    if (!w.done) {
+        bench_die("window", "out of memory");
+    }
+    return w;
+}
+
+static void settle(bench_window_t *w, uint64_t tag, bool multiple) {
+    if (tag <= w->low || tag >= w->next) {
+        return;
+    }
+    for (uint64_t t = multiple ? w->low + 1 : tag; t <= tag; t++) {
+        w->done[t % w->size] = true;
+    }
+    while (w->low + 1 < w->next && w->done[(w->low + 1) % w->size]) {
+        w->low++;
+        w->done[w->low % w->size] = false;
+    }
+}
+
+void bench_await_confirm(amqp_connection_state_t conn, bench_window_t *w) {
+    amqp_frame_t frame;
+    struct timeval tv = {.tv_sec = 30};
+    int st = amqp_simple_wait_frame_noblock(conn, &frame, &tv);
+    if (st != AMQP_STATUS_OK) {
+        bench_die("waiting for confirms", amqp_error_string2(st));
+    }
+    if (frame.frame_type != AMQP_FRAME_METHOD) {
+        return;
+    }
+    switch (frame.payload.method.id) {
+        case AMQP_BASIC_ACK_METHOD: {
+            const amqp_basic_ack_t *ack = frame.payload.method.decoded;
+            settle(w, ack->delivery_tag, ack->multiple);
+            break;
+        }
+        case AMQP_BASIC_NACK_METHOD:
+            bench_die("publish", "the broker nacked a message");
+        case AMQP_BASIC_RETURN_METHOD:
+            bench_die("publish", "the broker returned a message (no queue bound?)");
+        case AMQP_CHANNEL_CLOSE_METHOD:
+        case AMQP_CONNECTION_CLOSE_METHOD:
+            bench_die("publish", "the broker closed the channel");
+        default:
+            break;
+    }
 }

@@ -33,6 +33,23 @@ double bench_now(void);
 /* Parses a positive count ("100000", "100k", "1M"); exits 2 on garbage. */
 size_t bench_count(const char *text, const char *what);
 
+/* Publisher confirms may settle one tag or every tag up to one (multiple); a ring of size
+ * flags tracks which outstanding tags are settled, so out-of-order singles count too.
+ * The ring is the caller's (calloc'd by bench_window_init, freed with free(w->done)). */
+typedef struct bench_window {
+    bool *done;
+    size_t size;
+    uint64_t low;  /* every tag <= low is settled */
+    uint64_t next; /* the tag of the next publish */
+} bench_window_t;
+
+/* A window of SIZE outstanding publishes; exits on out of memory. */
+bench_window_t bench_window_init(size_t size);
+
+/* Waits up to 30 s for one frame on CONN and settles a confirm; nacks, closes and
+ * returned (mandatory, unroutable) messages are fatal. */
+void bench_await_confirm(amqp_connection_state_t conn, bench_window_t *w);
+
 /* Writes the body of order i (the size and shape of a lapse message) into buf and returns
  * its length. */
 size_t bench_body(char *buf, size_t cap, size_t i, int64_t deadline_ms);

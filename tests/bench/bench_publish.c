@@ -11,55 +11,6 @@
 #include <string.h>
 #include <sys/time.h>
 
-/* Confirms may settle one tag or every tag up to one (multiple); a ring of WINDOW flags
- * tracks which of the outstanding tags are settled, so out-of-order singles count too. */
-typedef struct window {
-    bool *done;
-    size_t size;
-    uint64_t low;  /* every tag <= low is settled */
-    uint64_t next; /* the tag of the next publish */
-} window_t;
-
-static void settle(window_t *w, uint64_t tag, bool multiple) {
-    if (tag <= w->low || tag >= w->next) {
-        return;
-    }
-    for (uint64_t t = multiple ? w->low + 1 : tag; t <= tag; t++) {
-        w->done[t % w->size] = true;
-    }
-    while (w->low + 1 < w->next && w->done[(w->low + 1) % w->size]) {
-        w->low++;
-        w->done[w->low % w->size] = false;
-    }
-}
-
-/* Waits for one confirm frame and settles it; nacks, returns and closes are fatal. */
-static void await_confirm(amqp_connection_state_t conn, window_t *w) {
-    amqp_frame_t frame;
-    struct timeval tv = {.tv_sec = 30};
-    int st = amqp_simple_wait_frame_noblock(conn, &frame, &tv);
-    if (st != AMQP_STATUS_OK) {
-        bench_die("waiting for confirms", amqp_error_string2(st));
-    }
-    if (frame.frame_type != AMQP_FRAME_METHOD) {
-        return;
-    }
-    switch (frame.payload.method.id) {
-        case AMQP_BASIC_ACK_METHOD: {
-            const amqp_basic_ack_t *ack = frame.payload.method.decoded;
-            settle(w, ack->delivery_tag, ack->multiple);
-            break;
-        }
-        case AMQP_BASIC_NACK_METHOD:
-            bench_die("publish", "the broker nacked a message");
-        case AMQP_CHANNEL_CLOSE_METHOD:
-        case AMQP_CONNECTION_CLOSE_METHOD:
-            bench_die("publish", "the broker closed the channel");
-        default:
-            break;
-    }
-}
-
 int main(int argc, char **argv) {
     if (argc < 4 || argc > 6) {
         fputs("usage: bench_publish URL QUEUE N [WINDOW] [classic|quorum]\n", stderr);
@@ -75,10 +26,7 @@ int main(int argc, char **argv) {
     amqp_confirm_select(conn, BENCH_CHANNEL);
     bench_check(amqp_get_rpc_reply(conn), "confirm.select");
 
-    window_t w = {.done = calloc(size, sizeof(bool)), .size = size, .low = 0, .next = 1};
-    if (!w.done) {
-        bench_die("window", "out of memory");
-    }
+    bench_window_t w = bench_window_init(size);
     struct timeval wall;
     gettimeofday(&wall, NULL);
     int64_t deadline_ms = (int64_t)wall.tv_sec * 1000 + wall.tv_usec / 1000 + 1800000;
@@ -99,7 +47,7 @@ int main(int argc, char **argv) {
     double t0 = bench_now();
     for (size_t i = 0; i < n; i++) {
         while (w.next - 1 - w.low >= size) {
-            await_confirm(conn, &w);
+            bench_await_confirm(conn, &w);
         }
         char body[256];
         size_t len = bench_body(body, sizeof body, i, deadline_ms);
@@ -115,7 +63,7 @@ int main(int argc, char **argv) {
         w.next++;
     }
     while (w.low + 1 < w.next) {
-        await_confirm(conn, &w);
+        bench_await_confirm(conn, &w);
     }
     double seconds = bench_now() - t0;
     printf("published=%zu seconds=%.3f rate=%.0f\n", n, seconds, (double)n / seconds);

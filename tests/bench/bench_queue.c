@@ -6,6 +6,7 @@
  *        bench_queue URL QUEUE wait M SECONDS   poll until it holds >= M messages
  *        bench_queue URL QUEUE drained SECONDS  poll until it holds 0 messages
  *        bench_queue URL QUEUE delete           delete it (and its messages)
+ *        bench_queue URL NAME delete-exchange   delete the exchange NAME
  * wait/drained print the last count and exit 1 on timeout; a missing queue exits 3. */
 #include "bench_common.h"
 
@@ -49,7 +50,8 @@ static int poll(amqp_connection_state_t conn, const char *queue, uint32_t want,
 int main(int argc, char **argv) {
     if (argc < 4) {
         fputs(
-            "usage: bench_queue URL QUEUE count|wait M SECONDS|drained SECONDS|delete\n",
+            "usage: bench_queue URL QUEUE count|wait M SECONDS|drained SECONDS|delete\n"
+            "       bench_queue URL EXCHANGE delete-exchange\n",
             stderr);
         return 2;
     }
@@ -70,6 +72,9 @@ int main(int argc, char **argv) {
     } else if (strcmp(verb, "delete") == 0 && argc == 4) {
         amqp_queue_delete(conn, BENCH_CHANNEL, amqp_cstring_bytes(queue), 0, 0);
         bench_check(amqp_get_rpc_reply(conn), "queue.delete");
+    } else if (strcmp(verb, "delete-exchange") == 0 && argc == 4) {
+        amqp_exchange_delete(conn, BENCH_CHANNEL, amqp_cstring_bytes(queue), 0);
+        bench_check(amqp_get_rpc_reply(conn), "exchange.delete");
     } else {
         fputs("bench_queue: bad arguments (see the usage in bench_queue.c)\n", stderr);
         code = 2;
