@@ -129,7 +129,8 @@ size_t bench_body(char *buf, size_t cap, size_t i, int64_t deadline_ms) {
 }
 
 bench_window_t bench_window_init(size_t size) {
-    bench_window_t w = {.done = calloc(size, sizeof(bool)), .size = size, .low = 0, .next = 1};
+    bench_window_t w = {
+        .done = calloc(size, sizeof(bool)), .size = size, .low = 0, .next = 1};
     if (!w.done) {
         bench_die("window", "out of memory");
     }

@@ -46,11 +46,12 @@ static void publish_event(amqp_connection_state_t out, const char *exchange,
         snprintf(id, sizeof id, "ord-%08zu", i);
     }
     char body[256];
-    int len = snprintf(body, sizeof body,
-                       "{\"v\":1,\"type\":\"order.cancelled\",\"event_id\":\"cancel-%s\","
-                       "\"order_id\":\"%s\",\"cancelled_at\":\"2026-12-01T00:00:00.000Z\","
-                       "\"deadline\":\"2026-12-01T00:00:00.000Z\"}",
-                       id, id);
+    int len =
+        snprintf(body, sizeof body,
+                 "{\"v\":1,\"type\":\"order.cancelled\",\"event_id\":\"cancel-%s\","
+                 "\"order_id\":\"%s\",\"cancelled_at\":\"2026-12-01T00:00:00.000Z\","
+                 "\"deadline\":\"2026-12-01T00:00:00.000Z\"}",
+                 id, id);
     char event_id[80];
     snprintf(event_id, sizeof event_id, "cancel-%s", id);
     amqp_basic_properties_t props = {
@@ -99,8 +100,8 @@ int main(int argc, char **argv) {
     amqp_basic_qos(in, BENCH_CHANNEL, 0, (uint16_t)prefetch, 0);
     bench_check(amqp_get_rpc_reply(in), "basic.qos");
     double t0 = bench_now();
-    amqp_basic_consume(in, BENCH_CHANNEL, amqp_cstring_bytes(argv[2]), amqp_empty_bytes, 0,
-                       0, 0, amqp_empty_table);
+    amqp_basic_consume(in, BENCH_CHANNEL, amqp_cstring_bytes(argv[2]), amqp_empty_bytes,
+                       0, 0, 0, amqp_empty_table);
     bench_check(amqp_get_rpc_reply(in), "basic.consume");
 
     size_t got = 0;

@@ -49,10 +49,9 @@ static int poll(amqp_connection_state_t conn, const char *queue, uint32_t want,
 
 int main(int argc, char **argv) {
     if (argc < 4) {
-        fputs(
-            "usage: bench_queue URL QUEUE count|wait M SECONDS|drained SECONDS|delete\n"
-            "       bench_queue URL EXCHANGE delete-exchange\n",
-            stderr);
+        fputs("usage: bench_queue URL QUEUE count|wait M SECONDS|drained SECONDS|delete\n"
+              "       bench_queue URL EXCHANGE delete-exchange\n",
+              stderr);
         return 2;
     }
     const char *queue = argv[2];
