@@ -75,14 +75,6 @@ static int clear_alarm(void **state) {
     return 0;
 }
 
-static void wait_lines(h_ctx_t *h, const char *file, const char *needle, size_t want,
-                       int timeout_ms) {
-    for (int waited = 0; h_count_lines(h, file, needle) < want && waited < timeout_ms;
-         waited += 20) {
-        usleep(20000);
-    }
-}
-
 static void write_orders(int fd, const char *tag, int n, const char *timeout) {
     for (int i = 0; i < n; i++) {
         char line[128];
@@ -107,7 +99,7 @@ static void test_publish_blocked_broker_honours_sigterm(void **state) {
     int in = -1;
     pid_t pub = h_spawn_stdin(&h, "publish.log", args, &in);
     write_orders(in, "ord", PUB_ORDERS, "30m"); /* stdin stays open: input may go on */
-    wait_lines(&h, "publish.log", "event=broker_blocked", 1, h_ms(15000));
+    h_wait_lines(&h, "publish.log", "event=broker_blocked", 1, h_ms(15000));
     assert_int_equal(h_count_lines(&h, "publish.log", "event=broker_blocked"), 1);
     assert_int_equal(h_count_lines(&h, "publish.log", "reason=\"low on memory\""), 1);
     sleep(2); /* the publisher is waiting for the broker now */

@@ -31,14 +31,6 @@ static int64_t mono_ms(void) {
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-static void wait_lines(h_ctx_t *h, const char *file, const char *needle, size_t want,
-                       int timeout_ms) {
-    for (int waited = 0; h_count_lines(h, file, needle) < want && waited < timeout_ms;
-         waited += 20) {
-        usleep(20000);
-    }
-}
-
 /* The value of key=N in a line of key=value pairs; fails the test when absent. */
 static long long kv(const char *out, const char *key) {
     char needle[64];
@@ -194,7 +186,7 @@ static void test_events_wait_for_a_queue_then_arrive_once(void **state) {
     amqp_connection_state_t conn = h_amqp_open(&h);
 
     pid_t consumer = h_spawn_consumer(&h, "consumer.log", NULL);
-    wait_lines(&h, "consumer.log", "event=consuming", 1, h_ms(10000));
+    h_wait_lines(&h, "consumer.log", "event=consuming", 1, h_ms(10000));
     publish_orders(&h, N, "2s");
     assert_int_equal(h_wait_sql(&h, N, h_ms(20000),
                                 "SELECT count(*) FROM orders WHERE status='cancelled'"),
@@ -205,7 +197,7 @@ static void test_events_wait_for_a_queue_then_arrive_once(void **state) {
     char needle[256];
     snprintf(needle, sizeof needle,
              "event=events_unroutable exchange=%s returned=1 waiting=%d ", events_x, N);
-    wait_lines(&h, "consumer.log", needle, 1, h_ms(15000));
+    h_wait_lines(&h, "consumer.log", needle, 1, h_ms(15000));
     assert_true(h_count_lines(&h, "consumer.log", needle) >= 1);
     assert_int_equal(unpublished(&h), N);
     assert_int_equal(outbox_pending(&h), N);
@@ -224,7 +216,7 @@ static void test_events_wait_for_a_queue_then_arrive_once(void **state) {
                      0);
     printf("events-a backlog of %d published %lld ms after the bind\n", N,
            (long long)(mono_ms() - bound_at));
-    wait_lines(&h, "consumer.log", "event=events_routable", 1, h_ms(5000));
+    h_wait_lines(&h, "consumer.log", "event=events_routable", 1, h_ms(5000));
     assert_int_equal(h_count_lines(&h, "consumer.log", "event=events_routable"), 1);
     assert_int_equal(drain_events(&h, conn, tap, 1500), N);
     assert_int_equal(outbox_pending(&h), 0);
@@ -371,12 +363,12 @@ static void test_sigterm_publishes_what_is_owed(void **state) {
     amqp_connection_state_t conn = h_amqp_open(&h);
 
     pid_t first = h_spawn_consumer(&h, "consumer1.log", NULL);
-    wait_lines(&h, "consumer1.log", "event=consuming", 1, h_ms(10000));
+    h_wait_lines(&h, "consumer1.log", "event=consuming", 1, h_ms(10000));
     publish_orders(&h, N, "2s");
     assert_int_equal(h_wait_sql(&h, N, h_ms(20000),
                                 "SELECT count(*) FROM orders WHERE status='cancelled'"),
                      N);
-    wait_lines(&h, "consumer1.log", "event=events_unroutable", 1, h_ms(10000));
+    h_wait_lines(&h, "consumer1.log", "event=events_unroutable", 1, h_ms(10000));
     int64_t t0 = mono_ms();
     assert_int_equal(h_stop(first, SIGTERM, h_ms(10000)), 0);
     int64_t first_exit_ms = mono_ms() - t0;
@@ -390,7 +382,7 @@ static void test_sigterm_publishes_what_is_owed(void **state) {
     /* The second consumer: refused at its start (the first one's backlog), then it
      * cancels M orders of its own, which it owes from then on. */
     pid_t second = h_spawn_consumer(&h, "consumer2.log", NULL);
-    wait_lines(&h, "consumer2.log", "event=events_unroutable", 1, h_ms(10000));
+    h_wait_lines(&h, "consumer2.log", "event=events_unroutable", 1, h_ms(10000));
     FILE *f = fopen(h_path(&h, "more.jsonl"), "w");
     assert_non_null(f);
     for (int i = 0; i < M; i++) {
@@ -410,7 +402,7 @@ static void test_sigterm_publishes_what_is_owed(void **state) {
          (retry = retry_in_ms_after(&h, "consumer2.log", before)) < 2000 &&
          mono_ms() < until;) {
         size_t lines = h_count_lines(&h, "consumer2.log", "event=events_unroutable");
-        wait_lines(&h, "consumer2.log", "event=events_unroutable", lines + 1, 40000);
+        h_wait_lines(&h, "consumer2.log", "event=events_unroutable", lines + 1, 40000);
         before = retry < 2000 ? lines : before;
     }
     assert_true(retry >= 2000);

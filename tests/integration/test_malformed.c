@@ -90,14 +90,6 @@ static void build_large(void) {
     }
 }
 
-static void wait_lines(h_ctx_t *h, const char *file, const char *needle, size_t want,
-                       int timeout_ms) {
-    for (int waited = 0; h_count_lines(h, file, needle) < want && waited < timeout_ms;
-         waited += 20) {
-        usleep(20000);
-    }
-}
-
 static void publish_good(h_ctx_t *h, int i) {
     char id[32];
     snprintf(id, sizeof id, "good-%d", i);
@@ -143,7 +135,7 @@ static void test_poison_parked_verbatim_consumer_survives(void **state) {
     h_ctx_t h;
     h_setup(&h, "malformed", "2s", true);
     pid_t consumer = h_spawn_consumer(&h, "consumer.log", NULL);
-    wait_lines(&h, "consumer.log", "event=consuming", 1, h_ms(10000));
+    h_wait_lines(&h, "consumer.log", "event=consuming", 1, h_ms(10000));
     assert_int_equal(h_count_lines(&h, "consumer.log", "event=consuming"), 1);
 
     /* Good orders first, cancelled before the poison arrives: the consumer's batch slots
@@ -179,7 +171,7 @@ static void test_poison_parked_verbatim_consumer_survives(void **state) {
                      0);
     assert_int_equal(h_sql_int(&h, "SELECT count(DISTINCT order_id) FROM events"), GOOD);
     assert_int_equal(h_sql_int(&h, "SELECT count(*) FROM events"), GOOD);
-    wait_lines(&h, "consumer.log", "decision=parked", N_BAD, h_ms(10000));
+    h_wait_lines(&h, "consumer.log", "decision=parked", N_BAD, h_ms(10000));
     assert_true(h_alive(consumer));
 
     /* Every bad message was parked (not requeued, not dropped): the expired queue is

@@ -37,14 +37,6 @@ typedef struct seq {
     size_t n;
 } seq_t;
 
-static void wait_lines(h_ctx_t *h, const char *file, const char *needle, size_t want,
-                       int timeout_ms) {
-    for (int waited = 0; h_count_lines(h, file, needle) < want && waited < timeout_ms;
-         waited += 50) {
-        usleep(50000);
-    }
-}
-
 static void publish_expiry(h_ctx_t *h, amqp_connection_state_t conn, const char *exchange,
                            const char *routing_key, const char *order_id,
                            int64_t deadline_ms) {
@@ -192,7 +184,7 @@ static void test_list_and_replay_parked_messages(void **state) {
     h_ctx_t h;
     h_setup(&h, "parked", "2s", true);
     pid_t consumer = h_spawn_consumer(&h, "consumer.log", NULL);
-    wait_lines(&h, "consumer.log", "event=consuming", 1, h_ms(10000));
+    h_wait_lines(&h, "consumer.log", "event=consuming", 1, h_ms(10000));
     amqp_connection_state_t conn = h_amqp_open(&h);
     int64_t t0 = lapse_clock_now_ms();
 
@@ -212,7 +204,7 @@ static void test_list_and_replay_parked_messages(void **state) {
     const char *nodl = "{\"v\":1,\"order_id\":\"nodl-1\",\"created_at\":\"" PAST "\"}";
     h_publish_raw(conn, x, "order.expired", nodl, strlen(nodl), NULL);
     publish_parked_retry(&h, conn);
-    wait_lines(&h, "consumer.log", "decision=parked", N_CONSUMER_PARKED, h_ms(20000));
+    h_wait_lines(&h, "consumer.log", "decision=parked", N_CONSUMER_PARKED, h_ms(20000));
     assert_int_equal(h_count_lines(&h, "consumer.log", "decision=parked"),
                      N_CONSUMER_PARKED);
     assert_int_equal(parked_depth(&h, conn), N_PARKED);
@@ -356,7 +348,7 @@ static void test_list_and_replay_parked_messages(void **state) {
     assert_non_null(strstr(out, want));
     /* Consumer-parked the first time, minus late-1, plus every replayed one. */
     size_t want_lines = N_CONSUMER_PARKED - 1 + N_PARKED - 1 + 1;
-    wait_lines(&h, "consumer.log", "decision=parked", want_lines, h_ms(20000));
+    h_wait_lines(&h, "consumer.log", "decision=parked", want_lines, h_ms(20000));
     assert_int_equal(h_count_lines(&h, "consumer.log", "decision=parked"), want_lines);
     usleep(h_ms(1500)); /* nothing more arrives */
     assert_int_equal(h_count_lines(&h, "consumer.log", "decision=parked"), want_lines);

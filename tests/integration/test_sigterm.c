@@ -23,14 +23,6 @@ static int64_t mono_ms(void) {
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-static void wait_lines(h_ctx_t *h, const char *file, const char *needle, size_t want,
-                       int timeout_ms) {
-    for (int waited = 0; h_count_lines(h, file, needle) < want && waited < timeout_ms;
-         waited += 20) {
-        usleep(20000);
-    }
-}
-
 /* Every order is either wholly cancelled (status, all holds released at the cancel
  * time, exactly one event) or wholly pending (no hold released, no event). */
 static void assert_no_order_half_done(h_ctx_t *h) {
@@ -81,7 +73,7 @@ static void test_sigterm_mid_stream_nothing_half_done_nothing_lost(void **state)
 
     const char *const extra[] = {"--prefetch", "200", NULL};
     pid_t first = h_spawn_consumer(&h, "consumer1.log", extra);
-    wait_lines(&h, "consumer1.log", "event=consuming", 1, h_ms(10000));
+    h_wait_lines(&h, "consumer1.log", "event=consuming", 1, h_ms(10000));
     assert_int_equal(h_count_lines(&h, "consumer1.log", "event=consuming"), 1);
 
     FILE *f = fopen(h_path(&h, "orders.jsonl"), "w");
@@ -134,7 +126,7 @@ static void test_sigterm_mid_stream_nothing_half_done_nothing_lost(void **state)
     assert_int_equal(h_wait_sql(&h, ORDERS, h_ms(30000),
                                 "SELECT count(*) FROM orders WHERE status='cancelled'"),
                      ORDERS);
-    wait_lines(&h, "consumer2.log", "decision=cancelled", (size_t)pending, h_ms(10000));
+    h_wait_lines(&h, "consumer2.log", "decision=cancelled", (size_t)pending, h_ms(10000));
     assert_int_equal(h_wait_sql(&h, 0, h_ms(10000),
                                 "SELECT count(*) FROM events WHERE published_at_ms IS "
                                 "NULL"),
@@ -186,7 +178,7 @@ static void test_sigint_idle_consumer_exits_zero_quickly(void **state) {
     h_ctx_t h;
     h_setup(&h, "sigint", "2s", true);
     pid_t consumer = h_spawn_consumer(&h, "consumer.log", NULL);
-    wait_lines(&h, "consumer.log", "event=consuming", 1, h_ms(10000));
+    h_wait_lines(&h, "consumer.log", "event=consuming", 1, h_ms(10000));
     assert_int_equal(h_count_lines(&h, "consumer.log", "event=consuming"), 1);
     assert_true(h_alive(consumer));
 

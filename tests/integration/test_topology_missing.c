@@ -19,14 +19,6 @@
 
 #define GOOD 12
 
-static void wait_lines(h_ctx_t *h, const char *file, const char *needle, size_t want,
-                       int timeout_ms) {
-    for (int waited = 0; h_count_lines(h, file, needle) < want && waited < timeout_ms;
-         waited += 20) {
-        usleep(20000);
-    }
-}
-
 static void test_parked_missing_does_not_stall_the_queue(void **state) {
     (void)state;
     h_ctx_t h;
@@ -83,7 +75,7 @@ static void test_parked_missing_does_not_stall_the_queue(void **state) {
                      2);
     assert_int_equal(
         h_count_lines(&h, "consumer.log", "level=error event=topology_missing"), 2);
-    wait_lines(&h, "consumer.log", "event=forward_failed", 1, h_ms(10000));
+    h_wait_lines(&h, "consumer.log", "event=forward_failed", 1, h_ms(10000));
     assert_true(h_count_lines(&h, "consumer.log", "event=forward_failed") >= 1);
 
     /* The message it cannot park was never acked: it is back in the queue. */

@@ -519,6 +519,18 @@ size_t h_count_lines(h_ctx_t *h, const char *file, const char *needle) {
     return n;
 }
 
+size_t h_wait_lines(h_ctx_t *h, const char *file, const char *needle, size_t want,
+                    int timeout_ms) {
+    int64_t until = now_ms() + timeout_ms;
+    for (;;) {
+        size_t n = h_count_lines(h, file, needle);
+        if (n >= want || now_ms() > until) {
+            return n;
+        }
+        usleep(20000);
+    }
+}
+
 static void check_reply(amqp_connection_state_t conn, const char *what) {
     amqp_rpc_reply_t r = amqp_get_rpc_reply(conn);
     if (r.reply_type != AMQP_RESPONSE_NORMAL) {

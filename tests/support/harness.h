@@ -151,6 +151,10 @@ int64_t h_wait_sql(h_ctx_t *h, int64_t expect, int timeout_ms, const char *sql_f
 
 /* Lines of <dir>/<file> that contain needle. */
 size_t h_count_lines(h_ctx_t *h, const char *file, const char *needle);
+/* Poll (every 20 ms) until at least want lines of <dir>/<file> contain needle or
+ * timeout_ms passes; returns the last count. */
+size_t h_wait_lines(h_ctx_t *h, const char *file, const char *needle, size_t want,
+                    int timeout_ms);
 /* Full path of a file in the test dir (static buffer: use before the next call). */
 const char *h_path(h_ctx_t *h, const char *file);
 
