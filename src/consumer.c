@@ -69,7 +69,7 @@ void lapse_consumer_free(lapse_consumer_t *c) {
         drop_batch(c);
     }
     lapse__broker_close(&c->in);
-    lapse__broker_close(&c->out);
+    lapse__consumer_close_out(c);
     free(c->batch);
     free(c->items);
     free(c->item_of);
@@ -87,7 +87,11 @@ static lapse_status_t collect(lapse_consumer_t *c, lapse_error_t *err) {
     while (c->n < c->cap) {
         int64_t now = lapse__mono_ms();
         int64_t wait_ms = CONSUMER_IDLE_WAIT_MS;
-        if (c->n == 0 && c->n_owed > 0) { /* owed events must not wait for traffic */
+        if (c->n == 0 && c->relay.active) {
+            /* The open round's confirms are read between batches (housekeeping). */
+            wait_ms = CONSUMER_RELAY_POLL_MS;
+        } else if (c->n == 0 &&
+                   c->n_owed > 0) { /* owed events must not wait for traffic */
             int64_t due = lapse__time_add(c->owed_since, CONSUMER_EVENTS_DELAY_MS);
             int64_t backoff = lapse__consumer_owed_due(c);
             due = backoff > due ? backoff : due;
@@ -389,7 +393,7 @@ static void housekeeping(lapse_consumer_t *c) {
             lapse__consumer_out_failed(c, rc, &err, "out_connection_lost");
         }
     }
-    lapse__consumer_events_owed(c, false);
+    lapse__consumer_events_owed(c);
     lapse__consumer_events_backlog(c);
     if (mono >= c->probe_at && !*c->stop) {
         lapse__consumer_probe_clock(c);
@@ -461,7 +465,7 @@ static lapse_status_t session(lapse_consumer_t *c, const volatile sig_atomic_t *
     /* Deliveries not acked go back to the queue now, for the other consumers. */
     lapse__broker_close(&c->in);
     if (!*stop) {
-        lapse__broker_close(&c->out);
+        lapse__consumer_close_out(c);
         c->out_failure = LAPSE_OK;
     }
     return rc;

@@ -30,8 +30,24 @@ static void events_unroutable(lapse_consumer_t *c, size_t returned) {
         c->topo.events_exchange, returned, (long long)waiting, (long long)delay);
 }
 
-/* One relay round on the publishing connection. True when it went through: no failure
- * and nothing returned (failures and returns are logged and start their backoff). */
+/* After a round: count what went out; log a failure or returns (and start their
+ * backoff). True when it went through: no failure and nothing returned. */
+static bool round_done(lapse_consumer_t *c, lapse_status_t rc,
+                       const lapse__relay_report_t *report, lapse_error_t *err) {
+    c->stats.events += report->published;
+    lapse__metrics_events(c->metrics, report->published);
+    if (rc != LAPSE_OK) {
+        lapse__consumer_out_failed(c, rc, err, "events_failed");
+        return false;
+    }
+    if (report->returned > 0) {
+        events_unroutable(c, report->returned);
+        return false;
+    }
+    return true;
+}
+
+/* One relay round on the publishing connection, waited for. */
 static bool relay_round(lapse_consumer_t *c, const int64_t *only, size_t n_only,
                         size_t limit, lapse__relay_report_t *report) {
     *report = (lapse__relay_report_t){0};
@@ -42,23 +58,68 @@ static bool relay_round(lapse_consumer_t *c, const int64_t *only, size_t n_only,
     lapse_status_t rc =
         lapse__events_relay(&c->out, c->store, c->topo.events_exchange, only, n_only,
                             limit, CONSUMER_CONFIRM_WAIT_MS, report, &err);
-    c->stats.events += report->published;
-    lapse__metrics_events(c->metrics, report->published);
-    if (rc != LAPSE_OK) {
-        lapse__consumer_out_failed(c, rc, &err, "events_failed");
-        return false;
+    return round_done(c, rc, report, &err);
+}
+
+/* The first n owed went through: they are owed no more. */
+static void drop_owed(lapse_consumer_t *c, size_t n) {
+    n = n < c->n_owed ? n : c->n_owed;
+    memmove(c->owed, c->owed + n, (c->n_owed - n) * sizeof *c->owed);
+    c->n_owed -= n;
+    c->owed_since = lapse__mono_ms(); /* for those left: owed since the round began */
+}
+
+bool lapse__consumer_events_settle(lapse_consumer_t *c, bool block) {
+    if (!c->relay.active) {
+        return true;
     }
-    if (report->returned > 0) {
-        events_unroutable(c, report->returned);
-        return false;
+    lapse_error_t err = {0};
+    lapse_status_t rc = LAPSE_OK;
+    int64_t left =
+        lapse__time_add(c->relay_since, CONSUMER_CONFIRM_WAIT_MS) - lapse__mono_ms();
+    if (block) {
+        rc = lapse__relay_wait(&c->relay, left > 0 ? left : 0, &err);
+    } else if (!lapse__relay_settled(&c->relay)) {
+        rc = lapse__broker_poll(&c->out, 0, &err);
+        if (rc == LAPSE_OK && !lapse__relay_settled(&c->relay)) {
+            if (left > 0) {
+                return false;
+            }
+            rc = lapse_error_set(
+                &err, LAPSE_ERR_BROKER_TIMEOUT, "%zu events not confirmed within %d ms",
+                c->relay.n - c->relay.n_settled, CONSUMER_CONFIRM_WAIT_MS);
+        }
+    }
+    size_t in_round = c->relay_owed;
+    lapse__relay_report_t report;
+    rc = lapse__relay_finish(&c->relay, rc, &report, &err);
+    c->relay_owed = 0;
+    if (round_done(c, rc, &report, &err)) {
+        drop_owed(c, in_round);
     }
     return true;
+}
+
+void lapse__consumer_close_out(lapse_consumer_t *c) {
+    /* The close settles the round's unconfirmed publishes as failed: its confirmed ones
+     * are marked, the rest stay owed. Whoever closed has logged why. */
+    lapse__broker_close(&c->out);
+    if (c->relay.active) {
+        lapse__relay_report_t report;
+        lapse__relay_finish(&c->relay, LAPSE_ERR_BROKER_CLOSED, &report, NULL);
+        c->relay_owed = 0;
+        c->stats.events += report.published;
+        lapse__metrics_events(c->metrics, report.published);
+    }
 }
 
 /* Events are published after the ack; a failure leaves them in the outbox for a later
  * try and never holds up cancelling. */
 bool lapse__consumer_events(lapse_consumer_t *c, const int64_t *only, size_t n_only,
                             size_t limit) {
+    /* The open round's events are published but not yet marked: a round started now
+     * would read them as unpublished and publish them twice. */
+    lapse__consumer_events_settle(c, true);
     if (lapse__mono_ms() < c->events_retry_at) {
         return false; /* unroutable a moment ago: tried again in time */
     }
@@ -90,16 +151,38 @@ bool lapse__consumer_events(lapse_consumer_t *c, const int64_t *only, size_t n_o
     return true;
 }
 
-void lapse__consumer_events_owed(lapse_consumer_t *c, bool now) {
-    if (c->n_owed == 0 || lapse__mono_ms() < lapse__consumer_owed_due(c) ||
-        (!now && c->n_owed < CONSUMER_EVENTS_CHUNK &&
+void lapse__consumer_events_owed(lapse_consumer_t *c) {
+    if (!lapse__consumer_events_settle(c, false) || c->n_owed == 0 ||
+        lapse__mono_ms() < lapse__consumer_owed_due(c) ||
+        (c->n_owed < CONSUMER_EVENTS_CHUNK &&
          lapse__mono_ms() - c->owed_since < CONSUMER_EVENTS_DELAY_MS)) {
         return;
     }
-    /* Owed until they went through; those published meanwhile by someone else are
-     * skipped by the relay (it reads unpublished rows only). */
-    if (lapse__consumer_events(c, c->owed, c->n_owed, c->n_owed)) {
-        c->n_owed = 0;
+    if (c->events_attempt > 0) {
+        /* After returns: the probe first, waited for (lapse__consumer_events). Owed
+         * until they went through; those published meanwhile by someone else are
+         * skipped by the relay (it reads unpublished rows only). */
+        if (lapse__consumer_events(c, c->owed, c->n_owed, c->n_owed)) {
+            c->n_owed = 0;
+        }
+        return;
+    }
+    /* Published now, confirmed while the next batches are cancelled: the round stays
+     * open until lapse__consumer_events_settle finds its confirms in. */
+    lapse_error_t err = {0};
+    if (lapse__consumer_ensure_out(c, &err) != LAPSE_OK) {
+        return;
+    }
+    size_t n = c->n_owed;
+    lapse_status_t rc = lapse__relay_start(&c->relay, &c->out, c->store,
+                                           c->topo.events_exchange, c->owed, n, n, &err);
+    c->relay_owed = n;
+    c->relay_since = lapse__mono_ms();
+    if (rc != LAPSE_OK) {
+        lapse__relay_report_t report;
+        rc = lapse__relay_finish(&c->relay, rc, &report, &err);
+        c->relay_owed = 0;
+        round_done(c, rc, &report, &err);
     }
 }
 
@@ -129,6 +212,7 @@ void lapse__consumer_owe(lapse_consumer_t *c, const int64_t *seqs, size_t n) {
         size_t drop = c->n_owed + n - cap;
         memmove(c->owed, c->owed + drop, (c->n_owed - drop) * sizeof *c->owed);
         c->n_owed -= drop;
+        c->relay_owed -= drop < c->relay_owed ? drop : c->relay_owed;
     }
     memcpy(c->owed + c->n_owed, seqs, n * sizeof *c->owed);
     c->n_owed += n;
@@ -139,17 +223,29 @@ void lapse__consumer_events_final(lapse_consumer_t *c) {
     lapse__relay_report_t total = {0};
     lapse_error_t err = {0};
     lapse_status_t rc = LAPSE_OK;
-    size_t owed = c->n_owed;
+    size_t owed = c->n_owed; /* the open round's among them */
+    size_t k = 0;
+    if (c->relay.active) {
+        /* Its confirms first: what they settle is not published again below. */
+        c->out.stop = NULL;
+        c->out.give_up_at = deadline;
+        lapse__relay_report_t one;
+        size_t in_round = c->relay_owed;
+        rc = lapse__relay_wait(&c->relay, CONSUMER_STOP_EVENTS_MS, &err);
+        rc = lapse__relay_finish(&c->relay, rc, &one, &err);
+        c->relay_owed = 0;
+        lapse__relay_report_add(&total, &one);
+        k = rc == LAPSE_OK && one.returned == 0 ? in_round : owed;
+    }
     /* The last chance: neither the publishing connection's nor the events' backoff is
      * waited out (a queue may have been bound meanwhile). Only what this consumer owes:
      * the rest of the outbox may be another consumer's, publishing it right now. */
-    if (owed > 0 && !c->out.open) {
+    if (rc == LAPSE_OK && k < owed && !c->out.open) {
         rc = lapse__consumer_open_out(c, &err);
     }
     /* Already stopping: this flush has its own bound instead of the stop flag. */
     c->out.stop = NULL;
     c->out.give_up_at = deadline;
-    size_t k = 0;
     while (rc == LAPSE_OK && k < owed && total.returned == 0) {
         int64_t left = deadline - lapse__mono_ms();
         if (left <= 0) {
@@ -165,7 +261,7 @@ void lapse__consumer_events_final(lapse_consumer_t *c) {
     }
     c->n_owed = 0;
     c->stats.events += total.published;
-    lapse__broker_close(&c->out);
+    lapse__consumer_close_out(c);
     c->out_failure = LAPSE_OK;
 
     int64_t waiting = -1;

@@ -111,7 +111,7 @@ static lapse_status_t forward_failed(lapse_consumer_t *c, lapse_status_t rc,
     c->out_failure = LAPSE_OK;
     if (!c->out.open || rc != LAPSE_OK) {
         /* A closed channel or a timeout: the connection is opened afresh next time. */
-        lapse__broker_close(&c->out);
+        lapse__consumer_close_out(c);
     }
     for (size_t i = 0; i < c->n; i++) {
         const delivery_t *d = &c->batch[i];
@@ -237,7 +237,7 @@ void lapse__consumer_out_failed(lapse_consumer_t *c, lapse_status_t rc,
     lapse__log(c->cfg, LAPSE_LOG_WARN,
                "event=%s status=%s reason=\"%s\" retry_in_ms=%lld", what,
                lapse_status_name(rc), text, (long long)delay);
-    lapse__broker_close(&c->out);
+    lapse__consumer_close_out(c);
     c->out_failure = LAPSE_OK;
     c->out_retry_at = lapse__time_add(lapse__mono_ms(), delay);
 }

@@ -18,6 +18,7 @@
 #include "broker_int.h"
 #include "clock_int.h"
 #include "decision_int.h"
+#include "events_int.h"
 #include "metrics_int.h"
 #include "topology_int.h"
 
@@ -36,7 +37,10 @@
 /* Outbox rows published in one go, and how often the outbox is looked at. */
 #define CONSUMER_EVENTS_CHUNK 1000
 /* How long a cancellation's event may wait for those of the next batches. */
-#define CONSUMER_EVENTS_DELAY_MS  50
+#define CONSUMER_EVENTS_DELAY_MS 50
+/* While a round of events waits for its confirms and no delivery comes, its confirms are
+ * looked for this often. */
+#define CONSUMER_RELAY_POLL_MS    5
 #define CONSUMER_BACKLOG_EVERY_MS 5000
 /* Events no queue took are tried again after a delay growing between these. */
 #define CONSUMER_EVENTS_RETRY_MIN_MS 1000
@@ -102,7 +106,12 @@ struct lapse_consumer {
     int64_t *owed; /* outbox seqs of this consumer's cancellations not yet published,
                       oldest first, at most CONSUMER_OWED_MAX */
     size_t n_owed;
-    int64_t owed_since;         /* mono */
+    int64_t owed_since; /* mono */
+    /* The round publishing the first relay_owed of owed, started at relay_since (mono),
+     * its confirms not all in yet (lapse__consumer_events_settle); at most one. */
+    lapse__relay_t relay;
+    size_t relay_owed;
+    int64_t relay_since;
     lapse_status_t out_failure; /* first failed confirm since the last check */
     int64_t events_retry_at;    /* mono: events were returned, none published before */
     unsigned events_attempt;    /* returned rounds in a row (0: events get through) */
@@ -191,10 +200,22 @@ void lapse__consumer_owe(lapse_consumer_t *c, const int64_t *seqs, size_t n);
  */
 int64_t lapse__consumer_owed_due(const lapse_consumer_t *c);
 
-/** Publish the owed events when CONSUMER_EVENTS_CHUNK of them wait, or the oldest has
- *  waited CONSUMER_EVENTS_DELAY_MS, or now; never during a backoff. They stay owed until
- *  they went through. */
-void lapse__consumer_events_owed(lapse_consumer_t *c, bool now);
+/** Publish the owed events when CONSUMER_EVENTS_CHUNK of them wait or the oldest has
+ *  waited CONSUMER_EVENTS_DELAY_MS; never during a backoff. Their round is left open
+ *  while their confirms come in (lapse__consumer_events_settle, called first thing
+ *  here); no new round starts until it is settled. They stay owed until they went
+ *  through. */
+void lapse__consumer_events_owed(lapse_consumer_t *c);
+
+/** End the open round of owed events once its confirms are all in (without block: if
+ *  they are in now, after reading what the broker sent; with block: waiting for them),
+ *  or once CONSUMER_CONFIRM_WAIT_MS have passed since it started. True when no round is
+ *  open any more. */
+bool lapse__consumer_events_settle(lapse_consumer_t *c, bool block);
+
+/** Close the publishing connection, and end the open round of events with it (its
+ *  unconfirmed events stay owed). Every close of c->out goes through here. */
+void lapse__consumer_close_out(lapse_consumer_t *c);
 
 /** The outbox backlog, now and then (CONSUMER_BACKLOG_EVERY_MS). */
 void lapse__consumer_events_backlog(lapse_consumer_t *c);

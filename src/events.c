@@ -12,26 +12,11 @@
 
 /* The outcome of a publish the broker has not settled yet. */
 #define UNSETTLED LAPSE_ERR_BROKER_TIMEOUT
-/* The longest a round of a drain waits for its confirms. */
-
-typedef struct relay {
-    lapse__broker_t *broker;
-    const char *exchange;
-    /* The round's publishes have consecutive tags from first_tag: the relay is the only
-     * publisher on the connection while it runs (one thread per connection). */
-    uint64_t first_tag;
-    size_t n, cap;
-    int64_t *seqs;           /* outbox row of publish i */
-    lapse_status_t *outcome; /* its settlement, UNSETTLED until the broker says */
-    lapse__settle_cb prev_cb;
-    void *prev_opaque;
-    lapse_status_t publish_rc;
-    lapse_error_t publish_err;
-} relay_t;
 
 static void on_settle(void *opaque, uint64_t tag, lapse_status_t outcome) {
-    relay_t *r = opaque;
+    lapse__relay_t *r = opaque;
     if (r->n > 0 && tag >= r->first_tag && tag - r->first_tag < r->n) {
+        r->n_settled += r->outcome[tag - r->first_tag] == UNSETTLED;
         r->outcome[tag - r->first_tag] = outcome;
     } else if (r->prev_cb) {
         /* Not one of ours: a publish made before the round, settled late. */
@@ -40,7 +25,7 @@ static void on_settle(void *opaque, uint64_t tag, lapse_status_t outcome) {
 }
 
 static int publish_one(void *opaque, const lapse_event_t *ev) {
-    relay_t *r = opaque;
+    lapse__relay_t *r = opaque;
     if (r->n == r->cap) {
         return 1; /* cannot happen: the store reads at most cap rows */
     }
@@ -83,11 +68,11 @@ void lapse__relay_report_add(lapse__relay_report_t *a, const lapse__relay_report
     a->failed += b->failed;
 }
 
-lapse_status_t lapse__events_relay(lapse__broker_t *broker, lapse_store_t *store,
-                                   const char *exchange, const int64_t *only,
-                                   size_t n_only, size_t limit, int64_t timeout_ms,
-                                   lapse__relay_report_t *report, lapse_error_t *err) {
-    *report = (lapse__relay_report_t){0};
+lapse_status_t lapse__relay_start(lapse__relay_t *r, lapse__broker_t *broker,
+                                  lapse_store_t *store, const char *exchange,
+                                  const int64_t *only, size_t n_only, size_t limit,
+                                  lapse_error_t *err) {
+    *r = (lapse__relay_t){.broker = broker, .store = store, .exchange = exchange};
     if (!broker->open || !broker->confirms) {
         return lapse_error_set(err, LAPSE_ERR_BROKER_CLOSED,
                                "events: no confirm-mode connection");
@@ -96,58 +81,77 @@ lapse_status_t lapse__events_relay(lapse__broker_t *broker, lapse_store_t *store
     if (cap == 0) {
         return LAPSE_OK;
     }
-    relay_t r = {.broker = broker, .exchange = exchange, .cap = cap};
-    r.seqs = malloc(cap * sizeof *r.seqs);
-    r.outcome = malloc(cap * sizeof *r.outcome);
-    if (!r.seqs || !r.outcome) {
-        free(r.seqs);
-        free(r.outcome);
+    r->cap = cap;
+    r->seqs = malloc(cap * sizeof *r->seqs);
+    r->outcome = malloc(cap * sizeof *r->outcome);
+    if (!r->seqs || !r->outcome) {
+        free(r->seqs);
+        free(r->outcome);
+        *r = (lapse__relay_t){0};
         return lapse_error_set(err, LAPSE_ERR_NOMEM, "events round");
     }
-    r.prev_cb = on_settle;
-    r.prev_opaque = &r;
-    lapse__broker_swap_settle(broker, &r.prev_cb, &r.prev_opaque);
-
+    r->active = true;
+    r->prev_cb = on_settle;
+    r->prev_opaque = r;
+    lapse__broker_swap_settle(broker, &r->prev_cb, &r->prev_opaque);
     lapse_status_t rc =
-        lapse_store_events_pending(store, cap, only, n_only, publish_one, &r, err);
-    if (rc == LAPSE_OK && r.publish_rc != LAPSE_OK) {
-        rc = r.publish_rc;
+        lapse_store_events_pending(store, cap, only, n_only, publish_one, r, err);
+    if (rc == LAPSE_OK && r->publish_rc != LAPSE_OK) {
+        rc = r->publish_rc;
         if (err) {
-            *err = r.publish_err;
+            *err = r->publish_err;
         }
     }
-    if (rc == LAPSE_OK && r.n > 0) {
-        rc = lapse__broker_wait_settled(broker, r.first_tag + r.n - 1, timeout_ms, err);
-    }
-    lapse__broker_swap_settle(broker, &r.prev_cb, &r.prev_opaque);
+    return rc;
+}
 
+bool lapse__relay_settled(const lapse__relay_t *r) {
+    return r->n_settled == r->n;
+}
+
+lapse_status_t lapse__relay_wait(lapse__relay_t *r, int64_t timeout_ms,
+                                 lapse_error_t *err) {
+    if (!r->active || lapse__relay_settled(r)) {
+        return LAPSE_OK;
+    }
+    return lapse__broker_wait_settled(r->broker, r->first_tag + r->n - 1, timeout_ms,
+                                      err);
+}
+
+lapse_status_t lapse__relay_finish(lapse__relay_t *r, lapse_status_t rc,
+                                   lapse__relay_report_t *report, lapse_error_t *err) {
+    *report = (lapse__relay_report_t){0};
+    if (!r->active) {
+        return rc;
+    }
+    lapse__broker_swap_settle(r->broker, &r->prev_cb, &r->prev_opaque);
     /* Mark what the broker took, also after a failure: each row marked now is one
      * duplicate fewer downstream. The confirmed rows are compacted into seqs. */
     size_t n_ok = 0, n_back = 0;
-    int64_t *back = malloc((r.n > 0 ? r.n : 1) * sizeof *back);
-    for (size_t i = 0; i < r.n; i++) {
-        if (r.outcome[i] == LAPSE_OK) {
-            r.seqs[n_ok++] = r.seqs[i];
+    int64_t *back = malloc((r->n > 0 ? r->n : 1) * sizeof *back);
+    for (size_t i = 0; i < r->n; i++) {
+        if (r->outcome[i] == LAPSE_OK) {
+            r->seqs[n_ok++] = r->seqs[i];
             continue;
         }
-        if (r.outcome[i] == LAPSE_ERR_BROKER_RETURNED) {
+        if (r->outcome[i] == LAPSE_ERR_BROKER_RETURNED) {
             report->returned++;
         } else {
             report->failed++;
         }
         if (back != NULL) {
-            back[n_back++] = r.seqs[i];
+            back[n_back++] = r->seqs[i];
         }
     }
     /* Not published: their claim goes back, so that the next round (any relay's) takes
      * them without waiting it out. */
-    lapse_store_events_release(store, back, n_back, NULL);
+    lapse_store_events_release(r->store, back, n_back, NULL);
     free(back);
-    report->read = r.n;
+    report->read = r->n;
     if (n_ok > 0) {
         lapse_error_t mark_err = {0};
         lapse_status_t mrc = lapse_store_events_mark_published(
-            store, r.seqs, n_ok, lapse_clock_now_ms(), &mark_err);
+            r->store, r->seqs, n_ok, lapse_clock_now_ms(), &mark_err);
         if (mrc == LAPSE_OK) {
             report->published = n_ok;
         } else {
@@ -164,11 +168,25 @@ lapse_status_t lapse__events_relay(lapse__broker_t *broker, lapse_store_t *store
     }
     if (rc == LAPSE_OK && report->failed > 0) {
         rc = lapse_error_set(err, LAPSE_ERR_BROKER_NACK, "%zu of %zu events nacked",
-                             report->failed, r.n);
+                             report->failed, r->n);
     }
-    free(r.seqs);
-    free(r.outcome);
+    free(r->seqs);
+    free(r->outcome);
+    *r = (lapse__relay_t){0};
     return rc;
+}
+
+lapse_status_t lapse__events_relay(lapse__broker_t *broker, lapse_store_t *store,
+                                   const char *exchange, const int64_t *only,
+                                   size_t n_only, size_t limit, int64_t timeout_ms,
+                                   lapse__relay_report_t *report, lapse_error_t *err) {
+    lapse__relay_t r;
+    lapse_status_t rc =
+        lapse__relay_start(&r, broker, store, exchange, only, n_only, limit, err);
+    if (rc == LAPSE_OK) {
+        rc = lapse__relay_wait(&r, timeout_ms, err);
+    }
+    return lapse__relay_finish(&r, rc, report, err);
 }
 
 lapse_status_t lapse__events_drain(lapse__broker_t *broker, lapse_store_t *store,

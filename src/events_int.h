@@ -23,6 +23,58 @@ typedef struct lapse__relay_report {
     size_t failed;    /* nacked, or not settled in time: left in the outbox */
 } lapse__relay_report_t;
 
+/* A round of the relay that may be left open while its confirms come in (the consumer
+ * goes on cancelling meanwhile). Owned by whoever started it; while it is open it is
+ * the broker's settle callback for its own publishes (passing every other outcome on),
+ * so it must stay at one address and be finished before another round starts on the
+ * same connection, and right after the connection closes (the close settles its
+ * publishes as failed; a reopened connection numbers its publishes from 1 again). */
+typedef struct lapse__relay {
+    bool active; /* started and not finished: lapse__relay_finish is owed */
+    lapse__broker_t *broker;
+    lapse_store_t *store;
+    const char *exchange;
+    /* The round's publishes have consecutive tags from first_tag: nobody else publishes
+     * on the connection while the round publishes (one thread per connection). */
+    uint64_t first_tag;
+    size_t n, cap, n_settled;
+    int64_t *seqs;           /* outbox row of publish i */
+    lapse_status_t *outcome; /* its settlement, UNSETTLED until the broker says */
+    lapse__settle_cb prev_cb;
+    void *prev_opaque;
+    lapse_status_t publish_rc;
+    lapse_error_t publish_err;
+} lapse__relay_t;
+
+/**
+ * Start a round: read the unpublished outbox rows (as lapse__events_relay) and publish
+ * each, without waiting for the confirms. *r is overwritten; whatever this returns,
+ * lapse__relay_finish(r, that status, ...) ends the round (a failed start included).
+ */
+lapse_status_t lapse__relay_start(lapse__relay_t *r, lapse__broker_t *broker,
+                                  lapse_store_t *store, const char *exchange,
+                                  const int64_t *only, size_t n_only, size_t limit,
+                                  lapse_error_t *err);
+
+/** Whether the broker has settled every publish of the round (read by the broker's
+ *  pump: lapse__broker_poll, or any wait on the connection). */
+bool lapse__relay_settled(const lapse__relay_t *r);
+
+/** Wait up to timeout_ms for the round's confirms. */
+lapse_status_t lapse__relay_wait(lapse__relay_t *r, int64_t timeout_ms,
+                                 lapse_error_t *err);
+
+/**
+ * End the round: hand the broker's settle callback back, mark the confirmed rows
+ * published and give the others' claims back; a no-op returning rc on a round not
+ * active. Afterwards *r is inactive.
+ * @param rc the round's status so far (its start, its wait): returned unless it is
+ *           LAPSE_OK and the marking failed or some publish was nacked or unsettled.
+ * @param report zeroed, then filled.
+ */
+lapse_status_t lapse__relay_finish(lapse__relay_t *r, lapse_status_t rc,
+                                   lapse__relay_report_t *report, lapse_error_t *err);
+
 /**
  * One round: read the unpublished outbox rows (only those in only[0..n_only) when only
  * is not NULL; at most limit), publish each to exchange with routing key
