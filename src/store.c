@@ -449,46 +449,6 @@ void lapse__event_list_free(lapse__event_list_t *list) {
     *list = (lapse__event_list_t){0};
 }
 
-char *lapse__event_body(const char *order_id, int64_t deadline_ms,
-                        int64_t cancelled_at_ms, char *const *holds, size_t n_holds) {
-    char deadline[LAPSE_RFC3339_LEN];
-    char cancelled_at[LAPSE_RFC3339_LEN];
-    lapse_time_format_rfc3339(deadline_ms, deadline);
-    lapse_time_format_rfc3339(cancelled_at_ms, cancelled_at);
-
-    char *text = NULL;
-    json_t *body = json_object();
-    json_t *array = json_array();
-    bool ok = body != NULL && array != NULL;
-    for (size_t i = 0; ok && i < n_holds; i++) {
-        ok = json_array_append_new(array, json_string(holds[i])) == 0;
-    }
-    /* json_object_set_new steals its value even when it fails. */
-    ok = ok &&
-         json_object_set_new(body, "event", json_string(LAPSE_EVENT_CANCELLED)) == 0 &&
-         json_object_set_new(body, "order_id", json_string(order_id)) == 0 &&
-         json_object_set_new(body, "deadline", json_string(deadline)) == 0 &&
-         json_object_set_new(body, "cancelled_at", json_string(cancelled_at)) == 0;
-    if (ok) {
-        ok = json_object_set_new(body, "holds", array) == 0;
-        array = NULL;
-    }
-    /* json_dumpb rather than json_dumps: the buffer comes from our malloc, so free()
-     * is right even when jansson's allocator has been replaced. */
-    size_t len = ok ? json_dumpb(body, NULL, 0, JSON_COMPACT) : 0;
-    if (len > 0 && (text = malloc(len + 1)) != NULL) {
-        if (json_dumpb(body, text, len, JSON_COMPACT) == len) {
-            text[len] = '\0';
-        } else {
-            free(text);
-            text = NULL;
-        }
-    }
-    json_decref(array);
-    json_decref(body);
-    return text;
-}
-
 static int compare_seq(const void *a, const void *b) {
     int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
     return (x > y) - (x < y);

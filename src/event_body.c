@@ -1,0 +1,169 @@
+/* SPDX-License-Identifier: MIT
+ * The order.cancelled event body, written straight into one buffer: what jansson's
+ * compact dump of the same object gives, byte for byte (tests/unit/test_event_body.c
+ * compares the two on random input), without building the object first. */
+#include "store_int.h"
+
+#include <lapse/message.h>
+
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The length of the UTF-8 sequence s starts, as jansson accepts it (no overlong forms,
+ * no surrogates, nothing past U+10FFFF), or 0 when it is not one. */
+static size_t utf8_len(const unsigned char *s) {
+    unsigned char c = s[0];
+    if (c < 0x80) {
+        return 1;
+    }
+    size_t n;
+    uint32_t cp;
+    if (c >= 0xc2 && c <= 0xdf) {
+        n = 2;
+        cp = c & 0x1fu;
+    } else if (c >= 0xe0 && c <= 0xef) {
+        n = 3;
+        cp = c & 0x0fu;
+    } else if (c >= 0xf0 && c <= 0xf4) {
+        n = 4;
+        cp = c & 0x07u;
+    } else {
+        return 0;
+    }
+    for (size_t i = 1; i < n; i++) {
+        if ((s[i] & 0xc0) != 0x80) {
+            return 0;
+        }
+        cp = (cp << 6) | (s[i] & 0x3fu);
+    }
+    if ((n == 3 && cp < 0x800) || (n == 4 && cp < 0x10000) || cp > 0x10ffff ||
+        (cp >= 0xd800 && cp <= 0xdfff)) {
+        return 0;
+    }
+    return n;
+}
+
+/* What s takes as a JSON string (quotes included), or 0 when it is not UTF-8. */
+static size_t string_size(const char *s) {
+    size_t size = 2;
+    for (const unsigned char *p = (const unsigned char *)s; *p;) {
+        size_t n = utf8_len(p);
+        if (n == 0) {
+            return 0;
+        }
+        if (*p == '"' || *p == '\\' || *p == '\b' || *p == '\f' || *p == '\n' ||
+            *p == '\r' || *p == '\t') {
+            size += 2;
+        } else if (*p < 0x20) {
+            size += 6;
+        } else {
+            size += n;
+        }
+        p += n;
+    }
+    return size;
+}
+
+/* s (valid UTF-8: string_size said so) as a JSON string, escaped as jansson escapes. */
+static char *put_string(char *out, const char *s) {
+    static const char hex[] = "0123456789ABCDEF";
+    *out++ = '"';
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        const char *esc = NULL;
+        switch (*p) {
+            case '"':
+                esc = "\\\"";
+                break;
+            case '\\':
+                esc = "\\\\";
+                break;
+            case '\b':
+                esc = "\\b";
+                break;
+            case '\f':
+                esc = "\\f";
+                break;
+            case '\n':
+                esc = "\\n";
+                break;
+            case '\r':
+                esc = "\\r";
+                break;
+            case '\t':
+                esc = "\\t";
+                break;
+            default:
+                break;
+        }
+        if (esc != NULL) {
+            *out++ = esc[0];
+            *out++ = esc[1];
+        } else if (*p < 0x20) {
+            memcpy(out, "\\u00", 4);
+            out[4] = hex[*p >> 4];
+            out[5] = hex[*p & 0xf];
+            out += 6;
+        } else {
+            *out++ = (char)*p;
+        }
+    }
+    *out++ = '"';
+    return out;
+}
+
+static char *put(char *out, const char *s) {
+    size_t n = strlen(s);
+    memcpy(out, s, n);
+    return out + n;
+}
+
+char *lapse__event_body(const char *order_id, int64_t deadline_ms,
+                        int64_t cancelled_at_ms, char *const *holds, size_t n_holds) {
+    char deadline[LAPSE_RFC3339_LEN];
+    char cancelled_at[LAPSE_RFC3339_LEN];
+    lapse_time_format_rfc3339(deadline_ms, deadline);
+    lapse_time_format_rfc3339(cancelled_at_ms, cancelled_at);
+    static const char head[] = "{\"event\":";
+    static const char id_key[] = ",\"order_id\":";
+    static const char deadline_key[] = ",\"deadline\":";
+    static const char at_key[] = ",\"cancelled_at\":";
+    static const char holds_key[] = ",\"holds\":[";
+    const char *fixed[] = {LAPSE_EVENT_CANCELLED, order_id, deadline, cancelled_at};
+    size_t size = sizeof head + sizeof id_key + sizeof deadline_key + sizeof at_key +
+                  sizeof holds_key + 2; /* "]}" and the NUL, with room to spare */
+    for (size_t i = 0; i < sizeof fixed / sizeof *fixed; i++) {
+        size_t n = string_size(fixed[i]);
+        if (n == 0) {
+            return NULL;
+        }
+        size += n;
+    }
+    for (size_t h = 0; h < n_holds; h++) {
+        size_t n = string_size(holds[h]);
+        if (n == 0) {
+            return NULL; /* jansson refuses it too: no body, as before */
+        }
+        size += n + 1;
+    }
+    char *text = malloc(size);
+    if (text == NULL) {
+        return NULL;
+    }
+    char *out = put(text, head);
+    out = put_string(out, LAPSE_EVENT_CANCELLED);
+    out = put_string(put(out, id_key), order_id);
+    out = put_string(put(out, deadline_key), deadline);
+    out = put_string(put(out, at_key), cancelled_at);
+    out = put(out, holds_key);
+    for (size_t h = 0; h < n_holds; h++) {
+        if (h > 0) {
+            *out++ = ',';
+        }
+        out = put_string(out, holds[h]);
+    }
+    *out++ = ']';
+    *out++ = '}';
+    *out = '\0';
+    return text;
+}
