@@ -227,20 +227,6 @@ static lapse_status_t sq_insert_orders(lapse_store_t *store,
     return end(s, rc, err);
 }
 
-static lapse_status_t sq_mark_scheduled(lapse_store_t *store,
-                                        const char *const *order_ids, size_t n,
-                                        lapse_error_t *err) {
-    sqlite_store_t *s = as_sqlite(store);
-    lapse_status_t rc = run(s, ST_BEGIN_WRITE, NULL, err, "");
-    if (rc != LAPSE_OK) {
-        return rc;
-    }
-    for (size_t i = 0; rc == LAPSE_OK && i < n; i++) {
-        rc = run(s, ST_ORDER_SCHEDULE, NULL, err, "t", order_ids[i]);
-    }
-    return end(s, rc, err);
-}
-
 static lapse_status_t sq_pay(lapse_store_t *store, const char *order_id, int64_t now_ms,
                              lapse_error_t *err) {
     sqlite_store_t *s = as_sqlite(store);
@@ -266,82 +252,356 @@ static lapse_status_t sq_pay(lapse_store_t *store, const char *order_id, int64_t
     return rc == LAPSE_OK ? verdict : rc;
 }
 
-/* After the CAS won: release the order's holds and record its outbox event. */
-static lapse_status_t record_cancellation(sqlite_store_t *s, lapse_cancel_item_t *item,
-                                          int64_t now_ms, lapse_error_t *err) {
-    lapse_order_t order; /* only its holds are used */
-    char *body = NULL;
-    char event_id[sizeof(EVENT_ID_PREFIX) + LAPSE_ORDER_ID_MAX];
-    lapse_order_init(&order);
-    lapse_status_t rc = run(s, ST_HOLDS_RELEASE, NULL, err, "it", now_ms, item->order_id);
-    if (rc == LAPSE_OK) {
-        rc = read_holds(s, item->order_id, &order, err);
+/* A growable text, for the JSON arrays that batch statements read with json_each. A
+ * failed allocation sticks (failed) and is checked once, at the end. */
+typedef struct text {
+    char *p;
+    size_t n, cap;
+    bool failed;
+} text_t;
+
+static void text_put(text_t *t, const char *s, size_t len) {
+    if (t->failed) {
+        return;
     }
-    int len =
-        snprintf(event_id, sizeof(event_id), "%s%s", EVENT_ID_PREFIX, item->order_id);
-    if (rc == LAPSE_OK && (len < 0 || (size_t)len >= sizeof(event_id))) {
-        rc = lapse_error_set(err, LAPSE_ERR_INVALID, "order id too long");
+    if (t->n + len + 1 > t->cap) {
+        size_t cap = t->cap != 0 ? t->cap : 1024;
+        while (cap < t->n + len + 1) {
+            cap *= 2;
+        }
+        char *grown = realloc(t->p, cap);
+        if (grown == NULL) {
+            t->failed = true;
+            return;
+        }
+        t->p = grown;
+        t->cap = cap;
     }
-    if (rc == LAPSE_OK) {
-        body = lapse__event_body(item->order_id, item->deadline_ms, now_ms, order.holds,
-                                 order.n_holds);
-        if (body == NULL) {
-            rc = lapse_error_set(err, LAPSE_ERR_NOMEM, "order %s: cannot build event",
-                                 item->order_id);
+    memcpy(t->p + t->n, s, len);
+    t->n += len;
+    t->p[t->n] = '\0';
+}
+
+static void text_char(text_t *t, char c) {
+    text_put(t, &c, 1);
+}
+
+/* s as a JSON string: quotes, backslashes and control characters escaped, every other
+ * byte as it is, so that json_each hands back exactly s. */
+static void text_json_string(text_t *t, const char *s) {
+    text_char(t, '"');
+    const char *from = s;
+    for (const char *c = s;; c++) {
+        unsigned char ch = (unsigned char)*c;
+        if (ch != '\0' && ch != '"' && ch != '\\' && ch >= 0x20) {
+            continue;
+        }
+        text_put(t, from, (size_t)(c - from));
+        if (ch == '\0') {
+            break;
+        }
+        char esc[8];
+        int len = ch == '"' || ch == '\\' ? snprintf(esc, sizeof esc, "\\%c", ch)
+                                          : snprintf(esc, sizeof esc, "\\u%04x", ch);
+        text_put(t, esc, (size_t)len);
+        from = c + 1;
+    }
+    text_char(t, '"');
+}
+
+/* Runs a statement and hands each row it returns to row (which may fail the run). */
+typedef lapse_status_t (*row_fn)(void *ctx, sqlite3_stmt *st, lapse_error_t *err);
+
+static lapse_status_t each_row(sqlite_store_t *s, stmt_id_t id, row_fn row, void *ctx,
+                               lapse_error_t *err, const char *types, ...) {
+    sqlite3_stmt *st = s->stmt[id];
+    va_list ap;
+    va_start(ap, types);
+    int src = bind_va(st, types, ap);
+    va_end(ap);
+    lapse_status_t rc = LAPSE_OK;
+    while (src == SQLITE_OK && (src = sqlite3_step(st)) == SQLITE_ROW) {
+        src = SQLITE_OK;
+        if ((rc = row(ctx, st, err)) != LAPSE_OK) {
+            break;
         }
     }
-    /* event_id is UNIQUE: were a second cancellation of the order ever to get past the
-     * CAS, this insert would fail and roll the batch back rather than emit it twice. */
-    if (rc == LAPSE_OK) {
-        rc = run(s, ST_EVENT_INSERT, NULL, err, "ttti", event_id, item->order_id, body,
-                 now_ms);
+    if (rc == LAPSE_OK && src != SQLITE_DONE) {
+        rc = fail(s, src, STMT_NAME[id], err);
     }
-    if (rc == LAPSE_OK) {
-        item->event_seq = sqlite3_last_insert_rowid(s->db);
-    }
-    free(body);
-    lapse_order_clear(&order);
+    release(st);
     return rc;
 }
 
-static lapse_status_t cancel_one(sqlite_store_t *s, lapse_cancel_item_t *item,
-                                 int64_t now_ms, lapse_error_t *err) {
-    int changes = 0;
-    lapse_order_t order;
-    bool found = false;
-    lapse_order_init(&order);
-    item->outcome = LAPSE_CANCEL_UNKNOWN;
-    item->deadline_ms = 0;
-    item->event_seq = 0;
-    item->now_ms = now_ms;
-    lapse_status_t rc =
-        run(s, ST_ORDER_CANCEL, &changes, err, "it", now_ms, item->order_id);
-    if (rc == LAPSE_OK) {
-        rc = read_order(s, item->order_id, &order, &found, err);
+/* A cancel batch, settled with a fixed number of statements whatever its size: one
+ * UPDATE ... RETURNING cancels every due pending order of the batch, one SELECT explains
+ * the rest, one UPDATE releases the holds of the cancelled, one SELECT reads them for
+ * the events, one INSERT ... SELECT records the events. The orders go in as JSON arrays
+ * of their ids. The items are found again by id through refs, sorted by (id, position),
+ * so that an id given twice is decided for its first item, as if the items were
+ * cancelled one after the other: the first cancelled, the next ones noop_cancelled. */
+typedef struct id_ref {
+    const char *id;
+    size_t item;
+} id_ref_t;
+
+typedef struct cancel_batch {
+    lapse_cancel_item_t *items;
+    size_t n;
+    id_ref_t *refs; /* the items whose id could be stored, sorted */
+    size_t n_refs;
+    size_t n_done;
+    text_t ids; /* scratch: a JSON array of ids */
+    /* The holds read for the cancelled orders: names one after the other in names,
+     * each item's from its hold_at (index into hold_off), hold_n of them. */
+    text_t names;
+    size_t *hold_off, n_holds, cap_holds;
+    size_t *hold_at, *hold_n; /* by item */
+    text_t events;            /* [[order id, body], ...] in item order */
+} cancel_batch_t;
+
+static int compare_refs(const void *a, const void *b) {
+    const id_ref_t *x = a, *y = b;
+    int c = strcmp(x->id, y->id);
+    return c != 0 ? c : (x->item > y->item) - (x->item < y->item);
+}
+
+/* The first ref with this id, or n_refs. */
+static size_t find_ref(const cancel_batch_t *c, const char *id) {
+    size_t lo = 0, hi = c->n_refs;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (strcmp(c->refs[mid].id, id) < 0) {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
     }
-    if (rc != LAPSE_OK || !found) {
+    return lo < c->n_refs && strcmp(c->refs[lo].id, id) == 0 ? lo : c->n_refs;
+}
+
+static bool first_of_its_id(const cancel_batch_t *c, size_t r) {
+    return r == 0 || strcmp(c->refs[r - 1].id, c->refs[r].id) != 0;
+}
+
+/* The JSON array of the distinct ids whose first item has (done) or has not (!done)
+ * been cancelled. @return how many ids, or SIZE_MAX when out of memory. */
+static size_t ids_json(cancel_batch_t *c, bool done) {
+    size_t count = 0;
+    c->ids.n = 0;
+    text_char(&c->ids, '[');
+    for (size_t r = 0; r < c->n_refs; r++) {
+        bool is_done = c->items[c->refs[r].item].outcome == LAPSE_CANCEL_DONE;
+        if (first_of_its_id(c, r) && is_done == done) {
+            if (count++ > 0) {
+                text_char(&c->ids, ',');
+            }
+            /* Stored ids are [A-Za-z0-9._:-] (lapse_order_id_is_valid): no escaping. */
+            text_char(&c->ids, '"');
+            text_put(&c->ids, c->refs[r].id, strlen(c->refs[r].id));
+            text_char(&c->ids, '"');
+        }
+    }
+    text_char(&c->ids, ']');
+    return c->ids.failed ? SIZE_MAX : count;
+}
+
+static lapse_status_t row_id(const cancel_batch_t *c, sqlite3_stmt *st, size_t *ref,
+                             lapse_error_t *err) {
+    const char *id = (const char *)sqlite3_column_text(st, 0);
+    *ref = id != NULL ? find_ref(c, id) : c->n_refs;
+    return *ref < c->n_refs
+               ? LAPSE_OK
+               : lapse_error_set(err, LAPSE_ERR_STORE_SQL, "cancel: an order not asked for");
+}
+
+/* A row of ORDERS_CANCEL (order id, deadline): the first item of that id won the CAS;
+ * the others with its id find it cancelled. */
+static lapse_status_t on_cancelled(void *ctx, sqlite3_stmt *st, lapse_error_t *err) {
+    cancel_batch_t *c = ctx;
+    size_t r;
+    lapse_status_t rc = row_id(c, st, &r, err);
+    for (size_t k = r; rc == LAPSE_OK && k < c->n_refs &&
+                       (k == r || strcmp(c->refs[k].id, c->refs[r].id) == 0);
+         k++) {
+        lapse_cancel_item_t *item = &c->items[c->refs[k].item];
+        item->outcome = k == r ? LAPSE_CANCEL_DONE : LAPSE_CANCEL_NOOP_CANCELLED;
+        item->deadline_ms = sqlite3_column_int64(st, 1);
+    }
+    c->n_done += rc == LAPSE_OK;
+    return rc;
+}
+
+/* A row of ORDERS_READ (order id, status, deadline) for an order not cancelled here. */
+static lapse_status_t on_refused(void *ctx, sqlite3_stmt *st, lapse_error_t *err) {
+    cancel_batch_t *c = ctx;
+    size_t r;
+    lapse_order_status_t status;
+    lapse_status_t rc = row_id(c, st, &r, err);
+    if (rc == LAPSE_OK &&
+        lapse__order_status_parse((const char *)sqlite3_column_text(st, 1), &status) !=
+            LAPSE_OK) {
+        rc = lapse_error_set(err, LAPSE_ERR_STORE_SQL, "order %s: unknown status",
+                             c->refs[r].id);
+    }
+    for (size_t k = r; rc == LAPSE_OK && k < c->n_refs &&
+                       (k == r || strcmp(c->refs[k].id, c->refs[r].id) == 0);
+         k++) {
+        lapse_cancel_item_t *item = &c->items[c->refs[k].item];
+        item->outcome = lapse__cancel_verdict(status);
+        item->deadline_ms = sqlite3_column_int64(st, 2);
+    }
+    return rc;
+}
+
+/* A row of HOLDS_READ_SET (order id, resource), grouped by order, names sorted. */
+static lapse_status_t on_hold(void *ctx, sqlite3_stmt *st, lapse_error_t *err) {
+    cancel_batch_t *c = ctx;
+    size_t r;
+    lapse_status_t rc = row_id(c, st, &r, err);
+    const char *name = (const char *)sqlite3_column_text(st, 1);
+    if (rc != LAPSE_OK) {
         return rc;
     }
-    item->deadline_ms = order.deadline_ms;
-    if (changes == 1) {
-        item->outcome = LAPSE_CANCEL_DONE;
-        return record_cancellation(s, item, now_ms, err);
+    if (c->n_holds == c->cap_holds) {
+        size_t cap = c->cap_holds != 0 ? c->cap_holds * 2 : 64;
+        size_t *grown = realloc(c->hold_off, cap * sizeof(*grown));
+        if (grown == NULL) {
+            return lapse_error_set(err, LAPSE_ERR_NOMEM, "reading holds");
+        }
+        c->hold_off = grown;
+        c->cap_holds = cap;
     }
-    item->outcome = lapse__cancel_verdict(order.status);
+    size_t item = c->refs[r].item;
+    if (c->hold_n[item]++ == 0) {
+        c->hold_at[item] = c->n_holds;
+    }
+    c->hold_off[c->n_holds++] = c->names.n;
+    text_put(&c->names, name != NULL ? name : "",
+             (size_t)sqlite3_column_bytes(st, 1) + 1);
+    return c->names.failed ? lapse_error_set(err, LAPSE_ERR_NOMEM, "reading holds")
+                           : LAPSE_OK;
+}
+
+/* A row of EVENTS_INSERT (seq, order id): the event of the id's first item. */
+static lapse_status_t on_event(void *ctx, sqlite3_stmt *st, lapse_error_t *err) {
+    cancel_batch_t *c = ctx;
+    size_t r;
+    const char *id = (const char *)sqlite3_column_text(st, 1);
+    r = id != NULL ? find_ref(c, id) : c->n_refs;
+    if (r == c->n_refs) {
+        return lapse_error_set(err, LAPSE_ERR_STORE_SQL, "cancel: an event not asked for");
+    }
+    c->items[c->refs[r].item].event_seq = sqlite3_column_int64(st, 0);
     return LAPSE_OK;
+}
+
+/* The events of the cancelled items, in item order, as [[order id, body], ...]. */
+static lapse_status_t events_json(cancel_batch_t *c, int64_t now_ms, lapse_error_t *err) {
+    char **names = malloc((c->n_holds > 0 ? c->n_holds : 1) * sizeof(*names));
+    if (names == NULL) {
+        return lapse_error_set(err, LAPSE_ERR_NOMEM, "cancel: events");
+    }
+    for (size_t h = 0; h < c->n_holds; h++) {
+        names[h] = c->names.p + c->hold_off[h];
+    }
+    lapse_status_t rc = LAPSE_OK;
+    bool first = true;
+    text_char(&c->events, '[');
+    for (size_t i = 0; rc == LAPSE_OK && i < c->n; i++) {
+        const lapse_cancel_item_t *item = &c->items[i];
+        if (item->outcome != LAPSE_CANCEL_DONE) {
+            continue;
+        }
+        char *body = lapse__event_body(item->order_id, item->deadline_ms, now_ms,
+                                       names + c->hold_at[i], c->hold_n[i]);
+        if (body == NULL) {
+            rc = lapse_error_set(err, LAPSE_ERR_NOMEM, "order %s: cannot build event",
+                                 item->order_id);
+            break;
+        }
+        text_put(&c->events, first ? "[\"" : ",[\"", first ? 2 : 3);
+        text_put(&c->events, item->order_id, strlen(item->order_id));
+        text_put(&c->events, "\",", 2);
+        text_json_string(&c->events, body);
+        text_char(&c->events, ']');
+        first = false;
+        free(body);
+    }
+    text_char(&c->events, ']');
+    free(names);
+    if (rc == LAPSE_OK && c->events.failed) {
+        rc = lapse_error_set(err, LAPSE_ERR_NOMEM, "cancel: events");
+    }
+    return rc;
+}
+
+/* Inside the write transaction: the statements of the batch, in order. */
+static lapse_status_t cancel_in_transaction(sqlite_store_t *s, cancel_batch_t *c,
+                                            int64_t now_ms, lapse_error_t *err) {
+    const lapse_status_t nomem = LAPSE_ERR_NOMEM;
+    if (ids_json(c, false) == SIZE_MAX) {
+        return lapse_error_set(err, nomem, "cancel: ids");
+    }
+    lapse_status_t rc = each_row(s, ST_ORDERS_CANCEL, on_cancelled, c, err, "it", now_ms,
+                                 c->ids.p);
+    /* What was not cancelled: paid, cancelled before, early, or no such order. */
+    size_t left = rc == LAPSE_OK ? ids_json(c, false) : 0;
+    if (left == SIZE_MAX) {
+        rc = lapse_error_set(err, nomem, "cancel: ids");
+    } else if (left > 0) {
+        rc = each_row(s, ST_ORDERS_READ, on_refused, c, err, "t", c->ids.p);
+    }
+    if (rc != LAPSE_OK || c->n_done == 0) {
+        return rc;
+    }
+    if (ids_json(c, true) == SIZE_MAX) {
+        return lapse_error_set(err, nomem, "cancel: ids");
+    }
+    rc = run(s, ST_HOLDS_RELEASE, NULL, err, "it", now_ms, c->ids.p);
+    if (rc == LAPSE_OK) {
+        rc = each_row(s, ST_HOLDS_READ_SET, on_hold, c, err, "t", c->ids.p);
+    }
+    if (rc == LAPSE_OK) {
+        rc = events_json(c, now_ms, err);
+    }
+    /* event_id is UNIQUE: were a second cancellation of an order ever to get past the
+     * CAS, this insert would fail and roll the batch back rather than emit it twice. */
+    if (rc == LAPSE_OK) {
+        rc = each_row(s, ST_EVENTS_INSERT, on_event, c, err, "ti", c->events.p, now_ms);
+    }
+    return rc;
 }
 
 static lapse_status_t sq_cancel_batch(lapse_store_t *store, lapse_cancel_item_t *items,
                                       size_t n, int64_t now_ms, lapse_error_t *err) {
     sqlite_store_t *s = as_sqlite(store);
-    lapse_status_t rc = run(s, ST_BEGIN_WRITE, NULL, err, "");
-    if (rc != LAPSE_OK) {
-        return rc;
+    cancel_batch_t c = {.items = items, .n = n};
+    c.refs = malloc(n * sizeof(*c.refs));
+    c.hold_at = calloc(n, sizeof(*c.hold_at));
+    c.hold_n = calloc(n, sizeof(*c.hold_n));
+    lapse_status_t rc = LAPSE_OK;
+    if (c.refs == NULL || c.hold_at == NULL || c.hold_n == NULL) {
+        rc = lapse_error_set(err, LAPSE_ERR_NOMEM, "cancel batch");
     }
     for (size_t i = 0; rc == LAPSE_OK && i < n; i++) {
-        rc = cancel_one(s, &items[i], now_ms, err);
+        items[i].outcome = LAPSE_CANCEL_UNKNOWN;
+        items[i].deadline_ms = 0;
+        items[i].event_seq = 0;
+        items[i].now_ms = now_ms;
+        /* An id that could not have been stored is unknown without asking. */
+        if (lapse_order_id_is_valid(items[i].order_id, strlen(items[i].order_id))) {
+            c.refs[c.n_refs++] = (id_ref_t){.id = items[i].order_id, .item = i};
+        }
     }
-    if ((rc = end(s, rc, err)) != LAPSE_OK) {
+    if (rc == LAPSE_OK && c.n_refs > 0) {
+        qsort(c.refs, c.n_refs, sizeof(*c.refs), compare_refs);
+        rc = run(s, ST_BEGIN_WRITE, NULL, err, "");
+        if (rc == LAPSE_OK) {
+            rc = end(s, cancel_in_transaction(s, &c, now_ms, err), err);
+        }
+    }
+    if (rc != LAPSE_OK) {
         /* Nothing was written, so no outcome may claim otherwise. */
         for (size_t i = 0; i < n; i++) {
             items[i].outcome = LAPSE_CANCEL_UNKNOWN;
@@ -349,6 +609,44 @@ static lapse_status_t sq_cancel_batch(lapse_store_t *store, lapse_cancel_item_t 
             items[i].event_seq = 0;
         }
     }
+    free(c.refs);
+    free(c.hold_at);
+    free(c.hold_n);
+    free(c.hold_off);
+    free(c.ids.p);
+    free(c.names.p);
+    free(c.events.p);
+    return rc;
+}
+
+/* One UPDATE for the whole set, its ids as a JSON array. */
+static lapse_status_t sq_mark_scheduled(lapse_store_t *store,
+                                        const char *const *order_ids, size_t n,
+                                        lapse_error_t *err) {
+    sqlite_store_t *s = as_sqlite(store);
+    text_t ids = {0};
+    size_t count = 0;
+    text_char(&ids, '[');
+    for (size_t i = 0; i < n; i++) {
+        /* An id that could not have been stored marks nothing; the others need no
+         * escaping. */
+        if (lapse_order_id_is_valid(order_ids[i], strlen(order_ids[i]))) {
+            if (count++ > 0) {
+                text_char(&ids, ',');
+            }
+            text_char(&ids, '"');
+            text_put(&ids, order_ids[i], strlen(order_ids[i]));
+            text_char(&ids, '"');
+        }
+    }
+    text_char(&ids, ']');
+    lapse_status_t rc = LAPSE_OK;
+    if (ids.failed) {
+        rc = lapse_error_set(err, LAPSE_ERR_NOMEM, "mark_scheduled");
+    } else if (count > 0 && (rc = run(s, ST_BEGIN_WRITE, NULL, err, "")) == LAPSE_OK) {
+        rc = end(s, run(s, ST_ORDERS_SCHEDULE, NULL, err, "t", ids.p), err);
+    }
+    free(ids.p);
     return rc;
 }
 

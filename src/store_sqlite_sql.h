@@ -49,7 +49,11 @@ static const char SCHEMA_SQL[] =
     " WHERE published_at_ms IS NOT NULL;"
     "PRAGMA user_version = 3;";
 
-/* Every statement the backend runs; prepared at open, reset after each use. The page
+/* Every statement the backend runs; prepared at open, reset after each use. Statements
+ * over a set of orders (a cancel batch, a mark-scheduled batch) take it as one JSON array
+ * bound to a parameter and read it with json_each: one statement per batch instead of
+ * one per order. ORDERS_CANCEL looks its orders up by id: the unary + keeps the planner
+ * from walking orders_status_deadline, every due pending order, instead. The page
  * walks name their partial index: without ANALYZE statistics the planner prefers
  * orders_status_deadline and sorts every page in a temporary B-tree. Write
  * transactions start with BEGIN IMMEDIATE so the write lock is taken (and waited for)
@@ -67,15 +71,26 @@ static const char SCHEMA_SQL[] =
     X(ORDER_READ, "SELECT status, deadline_ms, created_at_ms, paid_at_ms,"               \
                   " cancelled_at_ms, scheduled FROM orders WHERE order_id = ?1")         \
     X(HOLDS_READ, "SELECT resource FROM holds WHERE order_id = ?1 ORDER BY resource")    \
-    X(ORDER_SCHEDULE, "UPDATE orders SET scheduled = 1 WHERE order_id = ?1")             \
+    X(ORDERS_SCHEDULE, "UPDATE orders SET scheduled = 1"                                 \
+                       " WHERE order_id IN (SELECT value FROM json_each(?1))")           \
     X(ORDER_PAY, "UPDATE orders SET status = 'paid', paid_at_ms = ?1"                    \
                  " WHERE order_id = ?2 AND status = 'pending' AND deadline_ms > ?1")     \
-    X(ORDER_CANCEL, "UPDATE orders SET status = 'cancelled', cancelled_at_ms = ?1"       \
-                    " WHERE order_id = ?2 AND status = 'pending' AND deadline_ms <= ?1") \
+    X(ORDERS_CANCEL, "UPDATE orders SET status = 'cancelled', cancelled_at_ms = ?1"      \
+                     " WHERE order_id IN (SELECT value FROM json_each(?2))"              \
+                     " AND +status = 'pending' AND +deadline_ms <= ?1"                   \
+                     " RETURNING order_id, deadline_ms")                                 \
+    X(ORDERS_READ, "SELECT order_id, status, deadline_ms FROM orders"                    \
+                   " WHERE order_id IN (SELECT value FROM json_each(?1))")               \
     X(HOLDS_RELEASE, "UPDATE holds SET released_at_ms = ?1"                              \
-                     " WHERE order_id = ?2 AND released_at_ms IS NULL")                  \
-    X(EVENT_INSERT, "INSERT INTO events (event_id, order_id, body, created_at_ms)"       \
-                    " VALUES (?1, ?2, ?3, ?4)")                                          \
+                     " WHERE order_id IN (SELECT value FROM json_each(?2))"              \
+                     " AND released_at_ms IS NULL")                                      \
+    X(HOLDS_READ_SET, "SELECT order_id, resource FROM holds"                             \
+                      " WHERE order_id IN (SELECT value FROM json_each(?1))"             \
+                      " ORDER BY order_id, resource")                                    \
+    X(EVENTS_INSERT, "INSERT INTO events (event_id, order_id, body, created_at_ms)"      \
+                     " SELECT '" LAPSE_EVENT_CANCELLED ":' || (value ->> 0),"            \
+                     " value ->> 0, value ->> 1, ?2 FROM json_each(?1) ORDER BY key"     \
+                     " RETURNING seq, order_id")                                         \
     X(PENDING_PAGE, "SELECT order_id, deadline_ms, created_at_ms, scheduled"             \
                     " FROM orders INDEXED BY orders_pending_deadline"                    \
                     " WHERE status = 'pending' AND (deadline_ms, order_id) > (?1, ?2)"   \
