@@ -727,6 +727,75 @@ static void test_cancel_event_body_names_order_deadline_and_holds(void **state) 
     }
 }
 
+/* Every outcome in one batch, an id twice and one that cannot exist: each item is decided
+ * as if the items were cancelled one after the other, and only the cancelled release
+ * their holds and get an event, in item order. */
+static void test_cancel_mixed_batch(void **state) {
+    fixture_t *f = *state;
+    const char *const holds_a[] = {"h-a2", "h-a1"};
+    const char *const holds_b[] = {"h-b"};
+    const char *const holds_d[] = {"h-d"};
+    lapse_error_t err;
+    assert_int_equal(insert(f->store, "ord-a", DEADLINE, holds_a, 2), LAPSE_OK);
+    const int64_t later = OPEN_DEADLINE + 60 * 60 * 1000; /* ahead on either clock */
+    assert_int_equal(insert(f->store, "ord-b", later, holds_b, 1), LAPSE_OK);
+    assert_int_equal(insert(f->store, "ord-c", OPEN_DEADLINE, NULL, 0), LAPSE_OK);
+    assert_int_equal(insert(f->store, "ord-d", DEADLINE, holds_d, 1), LAPSE_OK);
+    assert_int_equal(insert(f->store, "ord-e", DEADLINE, NULL, 0), LAPSE_OK);
+    assert_int_equal(lapse_store_pay(f->store, "ord-c", T0, &err), LAPSE_OK);
+    assert_int_equal(cancel(f->store, "ord-e", DEADLINE, NULL), LAPSE_CANCEL_DONE);
+
+    lapse_cancel_item_t items[] = {
+        {.order_id = "ord-d"}, {.order_id = "ord-none"}, {.order_id = "ord-b"},
+        {.order_id = "ord-a"}, {.order_id = "ord-c"},    {.order_id = "ord-d"},
+        {.order_id = "no such!"}, {.order_id = "ord-e"}};
+    static const lapse_cancel_outcome_t want[] = {
+        LAPSE_CANCEL_DONE,      LAPSE_CANCEL_UNKNOWN,        LAPSE_CANCEL_EARLY,
+        LAPSE_CANCEL_DONE,      LAPSE_CANCEL_NOOP_PAID,      LAPSE_CANCEL_NOOP_CANCELLED,
+        LAPSE_CANCEL_UNKNOWN,   LAPSE_CANCEL_NOOP_CANCELLED};
+    const int64_t want_deadline[] = {DEADLINE,      0,        later, DEADLINE,
+                                     OPEN_DEADLINE, DEADLINE, 0,     DEADLINE};
+    size_t n = sizeof(items) / sizeof(items[0]);
+    assert_int_equal(lapse_store_cancel_batch(f->store, items, n, DEADLINE + 10, &err),
+                     LAPSE_OK);
+    for (size_t i = 0; i < n; i++) {
+        assert_int_equal(items[i].outcome, want[i]);
+        assert_int_equal(items[i].deadline_ms, want_deadline[i]);
+        if (i != 0 && i != 3) {
+            assert_int_equal(items[i].event_seq, 0);
+        }
+    }
+    assert_true(items[0].event_seq > 0 && items[3].event_seq > items[0].event_seq);
+    char sql[256];
+    snprintf(sql, sizeof(sql),
+             "SELECT count(*) FROM events WHERE (seq = %lld AND event_id ="
+             " 'order.cancelled:ord-d') OR (seq = %lld AND event_id ="
+             " 'order.cancelled:ord-a')",
+             (long long)items[0].event_seq, (long long)items[3].event_seq);
+    assert_int_equal(query_int(f, sql), 2);
+    assert_int_equal(query_int(f, "SELECT count(*) FROM events"), 3);
+    assert_int_equal(query_int(f, "SELECT count(*) FROM holds"
+                                  " WHERE released_at_ms IS NOT NULL"),
+                     3);
+    assert_int_equal(query_int(f, "SELECT count(*) FROM holds WHERE order_id = 'ord-b'"
+                                  " AND released_at_ms IS NULL"),
+                     1);
+    assert_int_equal(status_of(f->store, "ord-b"), LAPSE_ORDER_PENDING);
+    assert_int_equal(status_of(f->store, "ord-c"), LAPSE_ORDER_PAID);
+
+    /* ord-a's event names its own holds, sorted; ord-d's only its one. */
+    seen_t seen = {0};
+    const int64_t seqs[] = {items[0].event_seq, items[3].event_seq};
+    assert_int_equal(
+        lapse_store_events_pending(f->store, 10, seqs, 2, record_event, &seen, &err),
+        LAPSE_OK);
+    assert_int_equal(seen.n, 2);
+    assert_string_equal(seen.event_id[0], "order.cancelled:ord-d");
+    assert_non_null(strstr(seen.body[0], "\"holds\":[\"h-d\"]}"));
+    assert_string_equal(seen.event_id[1], "order.cancelled:ord-a");
+    assert_non_null(strstr(seen.body[1], "\"holds\":[\"h-a1\",\"h-a2\"]}"));
+}
+
 static void cancel_three(fixture_t *f, int64_t seqs[3]) {
     static const char *const ids[] = {"ord-1", "ord-2", "ord-3"};
     for (size_t i = 0; i < 3; i++) {
@@ -1182,6 +1251,7 @@ int main(void) {
         T(test_cancel_unknown_order),
         T(test_cancel_same_order_twice_in_one_batch),
         T(test_cancel_batch_failure_writes_nothing),
+        T(test_cancel_mixed_batch),
         T(test_cancel_event_body_names_order_deadline_and_holds),
         T(test_events_pending_and_mark_published),
         T(test_events_pending_filters_by_seq),
