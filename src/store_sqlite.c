@@ -410,9 +410,9 @@ static lapse_status_t row_id(const cancel_batch_t *c, sqlite3_stmt *st, size_t *
                              lapse_error_t *err) {
     const char *id = (const char *)sqlite3_column_text(st, 0);
     *ref = id != NULL ? find_ref(c, id) : c->n_refs;
-    return *ref < c->n_refs
-               ? LAPSE_OK
-               : lapse_error_set(err, LAPSE_ERR_STORE_SQL, "cancel: an order not asked for");
+    return *ref < c->n_refs ? LAPSE_OK
+                            : lapse_error_set(err, LAPSE_ERR_STORE_SQL,
+                                              "cancel: an order not asked for");
 }
 
 /* A row of ORDERS_CANCEL (order id, deadline): the first item of that id won the CAS;
@@ -490,7 +490,8 @@ static lapse_status_t on_event(void *ctx, sqlite3_stmt *st, lapse_error_t *err) 
     const char *id = (const char *)sqlite3_column_text(st, 1);
     r = id != NULL ? find_ref(c, id) : c->n_refs;
     if (r == c->n_refs) {
-        return lapse_error_set(err, LAPSE_ERR_STORE_SQL, "cancel: an event not asked for");
+        return lapse_error_set(err, LAPSE_ERR_STORE_SQL,
+                               "cancel: an event not asked for");
     }
     c->items[c->refs[r].item].event_seq = sqlite3_column_int64(st, 0);
     return LAPSE_OK;
@@ -543,8 +544,8 @@ static lapse_status_t cancel_in_transaction(sqlite_store_t *s, cancel_batch_t *c
     if (ids_json(c, false) == SIZE_MAX) {
         return lapse_error_set(err, nomem, "cancel: ids");
     }
-    lapse_status_t rc = each_row(s, ST_ORDERS_CANCEL, on_cancelled, c, err, "it", now_ms,
-                                 c->ids.p);
+    lapse_status_t rc =
+        each_row(s, ST_ORDERS_CANCEL, on_cancelled, c, err, "it", now_ms, c->ids.p);
     /* What was not cancelled: paid, cancelled before, early, or no such order. */
     size_t left = rc == LAPSE_OK ? ids_json(c, false) : 0;
     if (left == SIZE_MAX) {

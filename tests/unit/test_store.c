@@ -745,14 +745,14 @@ static void test_cancel_mixed_batch(void **state) {
     assert_int_equal(lapse_store_pay(f->store, "ord-c", T0, &err), LAPSE_OK);
     assert_int_equal(cancel(f->store, "ord-e", DEADLINE, NULL), LAPSE_CANCEL_DONE);
 
-    lapse_cancel_item_t items[] = {
-        {.order_id = "ord-d"}, {.order_id = "ord-none"}, {.order_id = "ord-b"},
-        {.order_id = "ord-a"}, {.order_id = "ord-c"},    {.order_id = "ord-d"},
-        {.order_id = "no such!"}, {.order_id = "ord-e"}};
+    lapse_cancel_item_t items[] = {{.order_id = "ord-d"},    {.order_id = "ord-none"},
+                                   {.order_id = "ord-b"},    {.order_id = "ord-a"},
+                                   {.order_id = "ord-c"},    {.order_id = "ord-d"},
+                                   {.order_id = "no such!"}, {.order_id = "ord-e"}};
     static const lapse_cancel_outcome_t want[] = {
-        LAPSE_CANCEL_DONE,      LAPSE_CANCEL_UNKNOWN,        LAPSE_CANCEL_EARLY,
-        LAPSE_CANCEL_DONE,      LAPSE_CANCEL_NOOP_PAID,      LAPSE_CANCEL_NOOP_CANCELLED,
-        LAPSE_CANCEL_UNKNOWN,   LAPSE_CANCEL_NOOP_CANCELLED};
+        LAPSE_CANCEL_DONE,    LAPSE_CANCEL_UNKNOWN,       LAPSE_CANCEL_EARLY,
+        LAPSE_CANCEL_DONE,    LAPSE_CANCEL_NOOP_PAID,     LAPSE_CANCEL_NOOP_CANCELLED,
+        LAPSE_CANCEL_UNKNOWN, LAPSE_CANCEL_NOOP_CANCELLED};
     const int64_t want_deadline[] = {DEADLINE,      0,        later, DEADLINE,
                                      OPEN_DEADLINE, DEADLINE, 0,     DEADLINE};
     size_t n = sizeof(items) / sizeof(items[0]);
