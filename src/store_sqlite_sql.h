@@ -88,8 +88,8 @@ static const char SCHEMA_SQL[] =
                       " WHERE order_id IN (SELECT value FROM json_each(?1))"             \
                       " ORDER BY order_id, resource")                                    \
     X(EVENTS_INSERT, "INSERT INTO events (event_id, order_id, body, created_at_ms)"      \
-                     " SELECT '" LAPSE_EVENT_CANCELLED ":' || (value ->> 0),"            \
-                     " value ->> 0, value ->> 1, ?2 FROM json_each(?1) ORDER BY key"     \
+                     " SELECT '" LAPSE_EVENT_CANCELLED ":' || key, key, value, ?2"       \
+                     " FROM json_each(?1)"                                               \
                      " RETURNING seq, order_id")                                         \
     X(PENDING_PAGE, "SELECT order_id, deadline_ms, created_at_ms, scheduled"             \
                     " FROM orders INDEXED BY orders_pending_deadline"                    \
