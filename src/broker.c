@@ -8,6 +8,8 @@
 
 #include <lapse/message.h>
 
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -330,8 +332,21 @@ static lapse_status_t handle_control(lapse__broker_t *broker, const amqp_frame_t
 
 /* LAPSE_OK while a wait may go on: before deadline and give_up_at, and no later than
  * LAPSE__STOP_GRACE_MS after the stop flag was first seen. */
+void lapse__broker_cork(lapse__broker_t *broker, bool on) {
+    if (broker->corked == on || broker->conn == NULL) {
+        return;
+    }
+    int fd = amqp_get_sockfd(broker->conn);
+    int value = on ? 1 : 0;
+    if (fd >= 0 && setsockopt(fd, IPPROTO_TCP, TCP_CORK, &value, sizeof value) == 0) {
+        broker->corked = on;
+    }
+}
+
 static lapse_status_t may_wait(lapse__broker_t *broker, int64_t deadline,
                                const char *what, lapse_error_t *err) {
+    /* Whatever is waited for may need the frames the socket holds back. */
+    lapse__broker_cork(broker, false);
     int64_t now = lapse__mono_ms();
     if (broker->stop && *broker->stop) {
         if (broker->stop_seen_at == 0) {
@@ -366,6 +381,9 @@ static int64_t step_ms(const lapse__broker_t *broker, int64_t deadline) {
 /* Read and handle one frame on a confirm-mode connection; *got says whether one came. */
 static lapse_status_t pump(lapse__broker_t *broker, int64_t timeout_ms, bool *got,
                            lapse_error_t *err) {
+    if (timeout_ms > 0) {
+        lapse__broker_cork(broker, false); /* see may_wait */
+    }
     struct timeval tv = {.tv_sec = timeout_ms / 1000,
                          .tv_usec = (suseconds_t)((timeout_ms % 1000) * 1000)};
     amqp_frame_t frame;

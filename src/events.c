@@ -94,8 +94,10 @@ lapse_status_t lapse__relay_start(lapse__relay_t *r, lapse__broker_t *broker,
     r->prev_cb = on_settle;
     r->prev_opaque = r;
     lapse__broker_swap_settle(broker, &r->prev_cb, &r->prev_opaque);
+    lapse__broker_cork(broker, true);
     lapse_status_t rc =
         lapse_store_events_pending(store, cap, only, n_only, publish_one, r, err);
+    lapse__broker_cork(broker, false);
     if (rc == LAPSE_OK && r->publish_rc != LAPSE_OK) {
         rc = r->publish_rc;
         if (err) {

@@ -230,6 +230,7 @@ static lapse_status_t publish(lapse_publisher_t *pub, batch_t *b, lapse_error_t 
         now = lapse_clock_now_ms();
     }
     lapse_status_t rc = LAPSE_OK;
+    lapse__broker_cork(&pub->broker, true);
     for (size_t i = 0; i < b->n && rc == LAPSE_OK; i++) {
         entry_t *e = &b->e[i];
         if (e->rc == LAPSE_ERR_BROKER_CLOSED) {
@@ -263,6 +264,7 @@ static lapse_status_t publish(lapse_publisher_t *pub, batch_t *b, lapse_error_t 
             }
         }
     }
+    lapse__broker_cork(&pub->broker, false);
     return rc;
 }
 
