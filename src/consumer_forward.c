@@ -243,6 +243,12 @@ void lapse__consumer_out_failed(lapse_consumer_t *c, lapse_status_t rc,
 }
 
 lapse_status_t lapse__consumer_open_out(lapse_consumer_t *c, lapse_error_t *err) {
+    /* An events round still open on the old connection would take the new one's
+     * confirms (it numbers its publishes from 1 again): end it first. Every close goes
+     * through lapse__consumer_close_out, so this is only a guard. */
+    if (c->relay.active) {
+        lapse__consumer_close_out(c);
+    }
     char name[sizeof c->name + 4];
     snprintf(name, sizeof name, "%s out", c->name);
     lapse_status_t rc =
