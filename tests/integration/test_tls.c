@@ -19,6 +19,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -156,8 +157,10 @@ static char *slurp(h_ctx_t *h, const char *file) {
 }
 
 /* Run `lapse publish ID` expecting it to fail: exit 1, and the stderr it added to
- * cli.log is one line that holds want. */
-static void assert_refused(tls_env_t *t, const char *id, const char *want) {
+ * cli.log is one line that holds want. With may_retry, that line may follow lines that
+ * each announce a retry: see test_client_certificate_is_sent_when_given. */
+static void assert_refused_as(tls_env_t *t, const char *id, const char *want,
+                              bool may_retry) {
     char *before = slurp(&t->h, "cli.log");
     size_t skip = strlen(before);
     free(before);
@@ -166,6 +169,10 @@ static void assert_refused(tls_env_t *t, const char *id, const char *want) {
     const char *said = all + skip;
     printf("%s -> exit %d: %s", t->h.amqp, code, said);
     assert_int_equal(code, 1);
+    while (may_retry && strstr(said, "; retrying in ") != NULL &&
+           strstr(said, "; retrying in ") < strchr(said, '\n')) {
+        said = strchr(said, '\n') + 1;
+    }
     if (strstr(said, want) == NULL) {
         fail_msg("expected \"%s\" in: %s", want, said);
     }
@@ -173,6 +180,10 @@ static void assert_refused(tls_env_t *t, const char *id, const char *want) {
     /* One line. */
     assert_int_equal(strchr(said, '\n') - said + 1, (long)strlen(said));
     free(all);
+}
+
+static void assert_refused(tls_env_t *t, const char *id, const char *want) {
+    assert_refused_as(t, id, want, false);
 }
 
 static void test_good_certificate_runs_the_pipeline(void **state) {
@@ -251,7 +262,13 @@ static void test_client_certificate_is_sent_when_given(void **state) {
     h_ctx_t *h = &t.h;
     setenv("LAPSE_TLS_CA", pki(&t, "ca.pem"), 1);
     use_tls(&t, "localhost", t.base + 2);
-    assert_refused(&t, "ord-nocert", "refused this client: certificate required");
+    /* Under TLS 1.3 the broker refuses a missing client certificate after the
+     * handshake, with an alert and a close. When the close overtakes the alert (the
+     * proxy resets the connection that the client already wrote its AMQP header to),
+     * the client sees only "a SSL error occurred" at login: a reason it cannot tell
+     * from a broker going away, so it retries, and the next try reads the alert. The
+     * final line must name the reason either way. */
+    assert_refused_as(&t, "ord-nocert", "refused this client: certificate required", true);
     setenv("LAPSE_TLS_CERT", pki(&t, "client.pem"), 1);
     setenv("LAPSE_TLS_KEY", pki(&t, "client.key"), 1);
     assert_int_equal(h_lapse(h, NULL, 0, "publish", "ord-cert", "--timeout", "2s", NULL),
