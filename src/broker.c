@@ -8,6 +8,7 @@
 
 #include <lapse/message.h>
 
+#include <errno.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -15,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 
 #define CONFIRM_WAIT_MS 30000 /* a full window waits this long for the broker */
 /* The longest single step of a wait: the stop flag is looked at between steps. */
@@ -330,9 +332,7 @@ static lapse_status_t handle_control(lapse__broker_t *broker, const amqp_frame_t
     }
 }
 
-/* LAPSE_OK while a wait may go on: before deadline and give_up_at, and no later than
- * LAPSE__STOP_GRACE_MS after the stop flag was first seen. */
-void lapse__broker_cork(lapse__broker_t *broker, bool on) {
+static void set_cork(lapse__broker_t *broker, bool on) {
     if (broker->corked == on || broker->conn == NULL) {
         return;
     }
@@ -343,10 +343,16 @@ void lapse__broker_cork(lapse__broker_t *broker, bool on) {
     }
 }
 
-static lapse_status_t may_wait(lapse__broker_t *broker, int64_t deadline,
-                               const char *what, lapse_error_t *err) {
-    /* Whatever is waited for may need the frames the socket holds back. */
-    lapse__broker_cork(broker, false);
+void lapse__broker_cork(lapse__broker_t *broker) {
+    set_cork(broker, true);
+    /* rabbitmq-c owns a TLS session's writes: its publishes go through it, corked. */
+    broker->staging = broker->conn != NULL && broker->tls == NULL;
+}
+
+/* LAPSE_OK while a wait may go on: before deadline and give_up_at, and no later than
+ * LAPSE__STOP_GRACE_MS after the stop flag was first seen. */
+static lapse_status_t wait_over(lapse__broker_t *broker, int64_t deadline,
+                                const char *what, lapse_error_t *err) {
     int64_t now = lapse__mono_ms();
     if (broker->stop && *broker->stop) {
         if (broker->stop_seen_at == 0) {
@@ -378,11 +384,72 @@ static int64_t step_ms(const lapse__broker_t *broker, int64_t deadline) {
     return left < 0 ? 0 : left < WAIT_STEP_MS ? left : WAIT_STEP_MS;
 }
 
+/* Send the staged frames, all of them. Until the last byte is out the connection is
+ * between two frames' bytes, so nothing is read meanwhile (rabbitmq-c may answer a read
+ * with a heartbeat): this only waits for room, within the publish wait, give_up_at and
+ * the stop flag. A send cut short leaves the stream unusable: the broker is closed. */
+static lapse_status_t send_staged(lapse__broker_t *broker, lapse_error_t *err) {
+    lapse__frames_t *f = &broker->staged;
+    if (f->n == 0) {
+        return LAPSE_OK;
+    }
+    int fd = amqp_get_sockfd(broker->conn);
+    int64_t deadline = lapse__mono_ms() + LAPSE__PUBLISH_WAIT_MS;
+    lapse_status_t rc = LAPSE_OK;
+    for (size_t off = 0; off < f->n && rc == LAPSE_OK;) {
+        ssize_t sent = send(fd, f->p + off, f->n - off, MSG_NOSIGNAL);
+        if (sent >= 0) {
+            off += (size_t)sent;
+        } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+            rc = wait_over(broker, deadline, "publish: no room in the socket", err);
+            struct pollfd pfd = {.fd = fd, .events = POLLOUT};
+            if (rc == LAPSE_OK && poll(&pfd, 1, (int)step_ms(broker, deadline)) < 0 &&
+                errno != EINTR) {
+                rc = lapse_error_set(err, LAPSE_ERR_BROKER_CLOSED, "publish: poll: %s",
+                                     strerror(errno));
+            }
+        } else if (errno != EINTR) {
+            rc = lapse_error_set(err, LAPSE_ERR_BROKER_CLOSED, "publish: send: %s",
+                                 strerror(errno));
+        }
+    }
+    f->n = 0;
+    if (rc != LAPSE_OK) {
+        broker->open = false;
+    }
+    return rc;
+}
+
+lapse_status_t lapse__broker_uncork(lapse__broker_t *broker, lapse_error_t *err) {
+    lapse_status_t rc = LAPSE_OK;
+    if (broker->staging && broker->conn != NULL) {
+        rc = send_staged(broker, err);
+    }
+    broker->staging = false;
+    set_cork(broker, false);
+    return rc;
+}
+
+/* Before a wait: whatever is waited for may need the frames staged or held back. */
+static lapse_status_t may_wait(lapse__broker_t *broker, int64_t deadline,
+                               const char *what, lapse_error_t *err) {
+    lapse_status_t rc = broker->staged.n > 0 ? send_staged(broker, err) : LAPSE_OK;
+    set_cork(broker, false);
+    return rc == LAPSE_OK ? wait_over(broker, deadline, what, err) : rc;
+}
+
 /* Read and handle one frame on a confirm-mode connection; *got says whether one came. */
 static lapse_status_t pump(lapse__broker_t *broker, int64_t timeout_ms, bool *got,
                            lapse_error_t *err) {
+    /* Reading may write (a heartbeat): never between two staged frames. */
+    if (broker->staged.n > 0) {
+        lapse_status_t rc = send_staged(broker, err);
+        if (rc != LAPSE_OK) {
+            return rc;
+        }
+    }
     if (timeout_ms > 0) {
-        lapse__broker_cork(broker, false); /* see may_wait */
+        set_cork(broker, false); /* see may_wait */
     }
     struct timeval tv = {.tv_sec = timeout_ms / 1000,
                          .tv_usec = (suseconds_t)((timeout_ms % 1000) * 1000)};
@@ -567,7 +634,14 @@ lapse_status_t lapse__broker_publish(lapse__broker_t *broker, const char *exchan
             }
         }
     }
-    lapse_status_t rc = wait_room(broker, exchange, err);
+    /* A full stage is sent before the next publish joins it, so that a failed send is
+     * this publish's failure, before it has a tag. Staged, the room is looked for once
+     * per send of the stage. */
+    lapse_status_t rc =
+        broker->staged.n >= LAPSE__STAGE_FLUSH ? send_staged(broker, err) : LAPSE_OK;
+    if (rc == LAPSE_OK && !(broker->staging && broker->staged.n > 0)) {
+        rc = wait_room(broker, exchange, err);
+    }
     if (rc != LAPSE_OK) {
         return rc;
     }
@@ -589,11 +663,24 @@ lapse_status_t lapse__broker_publish(lapse__broker_t *broker, const char *exchan
         stamped._flags |= AMQP_BASIC_HEADERS_FLAG;
         props = &stamped;
     }
-    int st =
-        amqp_basic_publish(broker->conn, LAPSE__CHANNEL, amqp_cstring_bytes(exchange),
-                           amqp_cstring_bytes(routing_key), mandatory, 0, props, bytes);
+    int st = AMQP_STATUS_OK;
+    if (broker->staging) {
+        rc = lapse__frames_publish(
+            &broker->staged, (size_t)amqp_get_frame_max(broker->conn), LAPSE__CHANNEL,
+            amqp_cstring_bytes(exchange), amqp_cstring_bytes(routing_key), mandatory,
+            props, bytes);
+    } else {
+        st = amqp_basic_publish(
+            broker->conn, LAPSE__CHANNEL, amqp_cstring_bytes(exchange),
+            amqp_cstring_bytes(routing_key), mandatory, 0, props, bytes);
+    }
     if (entries != fixed) {
         free(entries);
+    }
+    if (rc != LAPSE_OK) {
+        return lapse_error_set(
+            err, rc, "publish to %s: %s", exchange[0] ? exchange : "(default)",
+            rc == LAPSE_ERR_NOMEM ? "out of memory" : "properties larger than a frame");
     }
     if (st != AMQP_STATUS_OK) {
         broker->open = false;
@@ -642,6 +729,9 @@ void lapse__broker_close(lapse__broker_t *broker) {
         }
         amqp_destroy_connection(broker->conn);
     }
+    lapse__frames_free(&broker->staged);
+    broker->staging = false;
+    broker->corked = false;
     /* After the connection: its TLS context called back into this until destroyed. */
     lapse__broker_tls_free(broker->tls);
     broker->tls = NULL;

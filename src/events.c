@@ -94,14 +94,23 @@ lapse_status_t lapse__relay_start(lapse__relay_t *r, lapse__broker_t *broker,
     r->prev_cb = on_settle;
     r->prev_opaque = r;
     lapse__broker_swap_settle(broker, &r->prev_cb, &r->prev_opaque);
-    lapse__broker_cork(broker, true);
+    lapse__broker_cork(broker);
     lapse_status_t rc =
         lapse_store_events_pending(store, cap, only, n_only, publish_one, r, err);
-    lapse__broker_cork(broker, false);
+    lapse_error_t sent_err = {0};
+    lapse_status_t sent = lapse__broker_uncork(broker, &sent_err);
     if (rc == LAPSE_OK && r->publish_rc != LAPSE_OK) {
         rc = r->publish_rc;
         if (err) {
             *err = r->publish_err;
+        }
+    }
+    if (rc == LAPSE_OK && sent != LAPSE_OK) {
+        /* The staged events never left: they stay unsettled until the connection is
+         * closed, and owed. */
+        rc = sent;
+        if (err) {
+            *err = sent_err;
         }
     }
     return rc;

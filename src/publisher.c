@@ -230,7 +230,7 @@ static lapse_status_t publish(lapse_publisher_t *pub, batch_t *b, lapse_error_t 
         now = lapse_clock_now_ms();
     }
     lapse_status_t rc = LAPSE_OK;
-    lapse__broker_cork(&pub->broker, true);
+    lapse__broker_cork(&pub->broker);
     for (size_t i = 0; i < b->n && rc == LAPSE_OK; i++) {
         entry_t *e = &b->e[i];
         if (e->rc == LAPSE_ERR_BROKER_CLOSED) {
@@ -264,8 +264,10 @@ static lapse_status_t publish(lapse_publisher_t *pub, batch_t *b, lapse_error_t 
             }
         }
     }
-    lapse__broker_cork(&pub->broker, false);
-    return rc;
+    /* A failed send of the staged publishes closed the connection: they are
+     * unconfirmed, and recover() publishes them again. */
+    lapse_status_t sent = lapse__broker_uncork(&pub->broker, rc == LAPSE_OK ? err : NULL);
+    return rc == LAPSE_OK ? sent : rc;
 }
 
 /* The connection failed: reopen it with backoff and publish again whatever it took

@@ -268,7 +268,8 @@ static void test_client_certificate_is_sent_when_given(void **state) {
      * the client sees only "a SSL error occurred" at login: a reason it cannot tell
      * from a broker going away, so it retries, and the next try reads the alert. The
      * final line must name the reason either way. */
-    assert_refused_as(&t, "ord-nocert", "refused this client: certificate required", true);
+    assert_refused_as(&t, "ord-nocert", "refused this client: certificate required",
+                      true);
     setenv("LAPSE_TLS_CERT", pki(&t, "client.pem"), 1);
     setenv("LAPSE_TLS_KEY", pki(&t, "client.key"), 1);
     assert_int_equal(h_lapse(h, NULL, 0, "publish", "ord-cert", "--timeout", "2s", NULL),
