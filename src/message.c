@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT
  * The expiry message codec: JSON body <-> lapse_expiry_msg_t, with a precise reason for
  * every refusal because that reason is what an operator reads on a parked message. */
-#include <lapse/message.h>
+#include "message_int.h"
 
 #include <jansson.h>
 #include <stdio.h>
@@ -176,8 +176,81 @@ static lapse_status_t decode_object(const json_t *root, lapse_expiry_msg_t *msg,
     return get_time(root, "created_at", &msg->created_at_ms, err);
 }
 
+/* Whether s (at most end) starts with the literal lit; past it in *s when it does. */
+static bool take(const char **s, const char *end, const char *lit, size_t n) {
+    if ((size_t)(end - *s) < n || memcmp(*s, lit, n) != 0) {
+        return false;
+    }
+    *s += n;
+    return true;
+}
+
+#define TAKE(s, end, lit) take(s, end, lit, sizeof(lit) - 1)
+
+/* A string value of printable ASCII without quote or backslash, up to its closing
+ * quote, into buf (NUL-terminated, shorter than cap); false for anything else. */
+static bool take_plain(const char **s, const char *end, char *buf, size_t cap) {
+    size_t n = 0;
+    for (const char *p = *s; p < end; p++) {
+        unsigned char c = (unsigned char)*p;
+        if (c == '"') {
+            buf[n] = '\0';
+            *s = p + 1;
+            return n > 0;
+        }
+        if (c < 0x20 || c > 0x7e || c == '\\' || n + 1 >= cap) {
+            return false;
+        }
+        buf[n++] = (char)c;
+    }
+    return false;
+}
+
+/* The one form lapse_expiry_msg_encode writes, read without jansson: exactly
+ * {"v":1,"order_id":"ID","deadline":"TIME","created_at":"TIME"}, with a valid id, times
+ * that parse and no escapes. Such a body is a JSON object of those four distinct
+ * members, so jansson's reading of it gives the same message. Anything else (another
+ * order or spacing, escapes, more members, a bad value) returns false, and the JSON
+ * path decides: every refusal and its reason come from one place. */
+static bool decode_canonical(const char *s, size_t len, lapse_expiry_msg_t *msg) {
+    const char *end = s + len;
+    char id[LAPSE_ORDER_ID_MAX + 1], deadline[LAPSE_RFC3339_LEN + 8],
+        created[LAPSE_RFC3339_LEN + 8];
+    if (!TAKE(&s, end, "{\"v\":1,\"order_id\":\"") ||
+        !take_plain(&s, end, id, sizeof id) || !TAKE(&s, end, ",\"deadline\":\"") ||
+        !take_plain(&s, end, deadline, sizeof deadline) ||
+        !TAKE(&s, end, ",\"created_at\":\"") ||
+        !take_plain(&s, end, created, sizeof created) || !TAKE(&s, end, "}") ||
+        s != end) {
+        return false;
+    }
+    memset(msg, 0, sizeof *msg);
+    msg->version = 1;
+    size_t id_len = strlen(id);
+    if (!lapse_order_id_is_valid(id, id_len) ||
+        lapse_time_parse_rfc3339(deadline, &msg->deadline_ms) != LAPSE_OK ||
+        lapse_time_parse_rfc3339(created, &msg->created_at_ms) != LAPSE_OK) {
+        return false;
+    }
+    memcpy(msg->order_id, id, id_len + 1);
+    return true;
+}
+
 lapse_status_t lapse_expiry_msg_decode(const void *body, size_t len,
                                        lapse_expiry_msg_t *out, lapse_error_t *err) {
+    lapse_expiry_msg_t msg;
+    if (out != NULL && body != NULL && len <= LAPSE_MSG_MAX_BODY &&
+        decode_canonical(body, len, &msg)) {
+        lapse_error_clear(err);
+        *out = msg;
+        return LAPSE_OK;
+    }
+    return lapse__expiry_msg_decode_json(body, len, out, err);
+}
+
+lapse_status_t lapse__expiry_msg_decode_json(const void *body, size_t len,
+                                             lapse_expiry_msg_t *out,
+                                             lapse_error_t *err) {
     lapse_error_clear(err);
     if (out == NULL || (body == NULL && len > 0)) {
         return lapse_error_set(err, LAPSE_ERR_INVALID, "no body or no output");

@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: MIT
  * libFuzzer target for the expiry message decoder: every body either decodes to a value
- * that survives encode -> decode unchanged, or is refused with a reason and *out intact.
- */
-#include <lapse/message.h>
+ * that survives encode -> decode unchanged, or is refused with a reason and *out intact;
+ * and the decoder's fast path for the canonical form agrees with its JSON path. */
+#include "message_int.h"
 
 #include <stdint.h>
 #include <stdlib.h>
@@ -44,6 +44,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const lapse_expiry_msg_t untouched = msg;
     lapse_error_t err;
     lapse_status_t rc = lapse_expiry_msg_decode(data, size, &msg, &err);
+
+    /* The fast path for the canonical form decides as the JSON path does: the same
+     * verdict, reason and message. */
+    lapse_expiry_msg_t slow;
+    memset(&slow, 0x5A, sizeof slow);
+    lapse_error_t slow_err;
+    CHECK(lapse__expiry_msg_decode_json(data, size, &slow, &slow_err) == rc);
+    CHECK(slow_err.code == err.code && strcmp(slow_err.text, err.text) == 0);
+    CHECK(memcmp(&slow, &msg, sizeof msg) == 0);
 
     /* The verdict never depends on whether a reason was asked for. */
     lapse_expiry_msg_t quiet;

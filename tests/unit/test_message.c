@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT
  * Expiry message codec: data-driven valid/invalid bodies, round trips and edge sizes. */
-#include <lapse/message.h>
+#include "message_int.h"
 
 #include <dirent.h>
 #include <setjmp.h>
@@ -372,6 +372,64 @@ static void test_order_id_validity(void **state) {
     assert_true(lapse_order_id_is_valid("ab\0c", 2));
 }
 
+/* Canonical bodies and random mutations of them (bytes changed, dropped, doubled,
+ * inserted): the decoder, fast path included, gives exactly what its JSON path gives:
+ * verdict, reason and message. */
+static void test_fast_path_agrees_with_json_path(void **state) {
+    (void)state;
+    srand(20261201);
+    static const char alphabet[] =
+        "{}[]\":,\\ 0123456789.-_:TZtrufalsenv\x01\x7f\xc3\xa9";
+    size_t fast_accepted = 0;
+    for (int i = 0; i < 200000; i++) {
+        lapse_expiry_msg_t m = {.version = 1,
+                                .deadline_ms = (int64_t)rand() * 1000 + rand() % 1000,
+                                .created_at_ms = (int64_t)rand() * 997};
+        snprintf(m.order_id, sizeof m.order_id, "ord-%d.%x:%c", rand(), rand(),
+                 "aZ_-"[rand() % 4]);
+        char body[LAPSE_MSG_MAX_BODY + 64];
+        size_t len = 0;
+        assert_int_equal(lapse_expiry_msg_encode(&m, body, sizeof body, &len), LAPSE_OK);
+        int edits = i % 4 == 0 ? 0 : 1 + rand() % 3;
+        for (int e = 0; e < edits && len > 1; e++) {
+            size_t at = (size_t)rand() % len;
+            char c = alphabet[rand() % (sizeof alphabet - 1)];
+            switch (rand() % 4) {
+                case 0:
+                    body[at] = c;
+                    break;
+                case 1:
+                    memmove(body + at, body + at + 1, len - at - 1);
+                    len--;
+                    break;
+                case 2:
+                    memmove(body + at + 1, body + at, len - at);
+                    len++;
+                    break;
+                default:
+                    memmove(body + at + 1, body + at, len - at);
+                    body[at] = c;
+                    len++;
+                    break;
+            }
+        }
+        lapse_expiry_msg_t fast, slow;
+        memset(&fast, 0x5A, sizeof fast);
+        memset(&slow, 0x5A, sizeof slow);
+        lapse_error_t fast_err, slow_err;
+        lapse_status_t rc = lapse_expiry_msg_decode(body, len, &fast, &fast_err);
+        assert_int_equal(lapse__expiry_msg_decode_json(body, len, &slow, &slow_err), rc);
+        assert_int_equal(fast_err.code, slow_err.code);
+        assert_string_equal(fast_err.text, slow_err.text);
+        assert_memory_equal(&fast, &slow, sizeof fast);
+        if (edits == 0) {
+            assert_int_equal(rc, LAPSE_OK);
+            fast_accepted++;
+        }
+    }
+    assert_int_equal(fast_accepted, 50000);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_valid_bodies_decode),
@@ -384,6 +442,7 @@ int main(void) {
         cmocka_unit_test(test_encode_refuses_small_buffer),
         cmocka_unit_test(test_encode_refuses_invalid_values),
         cmocka_unit_test(test_order_id_validity),
+        cmocka_unit_test(test_fast_path_agrees_with_json_path),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
