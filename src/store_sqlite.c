@@ -775,14 +775,26 @@ static lapse_status_t sq_events_mark_published(lapse_store_t *store, const int64
                                                size_t n, int64_t now_ms,
                                                lapse_error_t *err) {
     sqlite_store_t *s = as_sqlite(store);
-    lapse_status_t rc = run(s, ST_BEGIN_WRITE, NULL, err, "");
-    if (rc != LAPSE_OK) {
-        return rc;
+    if (n == 0) {
+        return LAPSE_OK;
     }
-    for (size_t i = 0; rc == LAPSE_OK && i < n; i++) {
-        rc = run(s, ST_EVENT_PUBLISHED, NULL, err, "ii", now_ms, seqs[i]);
+    /* One statement for the round: the seqs as a JSON array. */
+    text_t list = {0};
+    for (size_t i = 0; i < n; i++) {
+        char num[24];
+        int len =
+            snprintf(num, sizeof num, "%c%lld", i == 0 ? '[' : ',', (long long)seqs[i]);
+        text_put(&list, num, (size_t)len);
     }
-    return end(s, rc, err);
+    text_char(&list, ']');
+    lapse_status_t rc = LAPSE_OK;
+    if (list.failed) {
+        rc = lapse_error_set(err, LAPSE_ERR_NOMEM, "events: mark published");
+    } else if ((rc = run(s, ST_BEGIN_WRITE, NULL, err, "")) == LAPSE_OK) {
+        rc = end(s, run(s, ST_EVENTS_PUBLISHED, NULL, err, "it", now_ms, list.p), err);
+    }
+    free(list.p);
+    return rc;
 }
 
 /* Copies the page's rows out; the statement is released before any hold is read. */

@@ -107,8 +107,9 @@ static const char SCHEMA_SQL[] =
                       " WHERE published_at_ms IS NULL ORDER BY seq LIMIT ?1")            \
     X(EVENT_BY_SEQ, "SELECT seq, event_id, order_id, body FROM events"                   \
                     " WHERE seq = ?1 AND published_at_ms IS NULL")                       \
-    X(EVENT_PUBLISHED, "UPDATE events SET published_at_ms = ?1"                          \
-                       " WHERE seq = ?2 AND published_at_ms IS NULL")                    \
+    X(EVENTS_PUBLISHED, "UPDATE events SET published_at_ms = ?1"                         \
+                        " WHERE seq IN (SELECT value FROM json_each(?2))"                \
+                        " AND published_at_ms IS NULL")                                  \
     X(EVENTS_COUNT, "SELECT count(*) FROM events WHERE published_at_ms IS NULL")         \
     X(PRUNE_PICK, "INSERT INTO temp.prune_ids SELECT order_id FROM orders"               \
                   " INDEXED BY orders_settled_deadline WHERE status <> 'pending'"        \
