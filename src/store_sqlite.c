@@ -309,6 +309,20 @@ static void text_json_string(text_t *t, const char *s) {
     text_char(t, '"');
 }
 
+/* seqs (n > 0) as a JSON array, for the statements that read it with json_each; check
+ * .failed, free .p. */
+static text_t seq_list(const int64_t *seqs, size_t n) {
+    text_t list = {0};
+    for (size_t i = 0; i < n; i++) {
+        char num[24];
+        int len =
+            snprintf(num, sizeof num, "%c%lld", i == 0 ? '[' : ',', (long long)seqs[i]);
+        text_put(&list, num, (size_t)len);
+    }
+    text_char(&list, ']');
+    return list;
+}
+
 /* Runs a statement and hands each row it returns to row (which may fail the run). */
 typedef lapse_status_t (*row_fn)(void *ctx, sqlite3_stmt *st, lapse_error_t *err);
 
@@ -726,13 +740,17 @@ static lapse_status_t sq_events_count(lapse_store_t *store, int64_t *pending,
     return rc;
 }
 
-/* Appends the rows of statement id, bound to param, until out holds limit events. */
-static lapse_status_t collect_events(sqlite_store_t *s, stmt_id_t id, int64_t param,
-                                     size_t limit, lapse__event_list_t *out,
-                                     lapse_error_t *err) {
+/* Appends the rows of statement id, bound to the parameters types says (as in run),
+ * until out holds limit events. */
+static lapse_status_t collect_events(sqlite_store_t *s, stmt_id_t id, size_t limit,
+                                     lapse__event_list_t *out, lapse_error_t *err,
+                                     const char *types, ...) {
     sqlite3_stmt *st = s->stmt[id];
     lapse_status_t rc = LAPSE_OK;
-    int src = bind(st, "i", param);
+    va_list ap;
+    va_start(ap, types);
+    int src = bind_va(st, types, ap);
+    va_end(ap);
     while (src == SQLITE_OK && out->n < limit && (src = sqlite3_step(st)) == SQLITE_ROW) {
         src = SQLITE_OK;
         const char *text[3];
@@ -761,14 +779,17 @@ static lapse_status_t sq_events_pending(lapse_store_t *store, size_t limit,
     sqlite_store_t *s = as_sqlite(store);
     if (seqs == NULL) {
         int64_t bound = limit > (size_t)INT64_MAX ? INT64_MAX : (int64_t)limit;
-        return collect_events(s, ST_EVENTS_PENDING, bound, limit, out, err);
+        return collect_events(s, ST_EVENTS_PENDING, limit, out, err, "i", bound);
     }
-    /* One lookup per seq, in one read transaction; seqs come sorted, so the events do. */
-    lapse_status_t rc = run(s, ST_BEGIN_READ, NULL, err, "");
-    for (size_t k = 0; rc == LAPSE_OK && k < n_seqs && out->n < limit; k++) {
-        rc = collect_events(s, ST_EVENT_BY_SEQ, seqs[k], limit, out, err);
+    if (n_seqs == 0) {
+        return LAPSE_OK;
     }
-    return end(s, rc, err);
+    text_t list = seq_list(seqs, n_seqs);
+    lapse_status_t rc =
+        list.failed ? lapse_error_set(err, LAPSE_ERR_NOMEM, "events: seqs")
+                    : collect_events(s, ST_EVENTS_BY_SEQ, limit, out, err, "t", list.p);
+    free(list.p);
+    return rc;
 }
 
 static lapse_status_t sq_events_mark_published(lapse_store_t *store, const int64_t *seqs,
@@ -778,15 +799,8 @@ static lapse_status_t sq_events_mark_published(lapse_store_t *store, const int64
     if (n == 0) {
         return LAPSE_OK;
     }
-    /* One statement for the round: the seqs as a JSON array. */
-    text_t list = {0};
-    for (size_t i = 0; i < n; i++) {
-        char num[24];
-        int len =
-            snprintf(num, sizeof num, "%c%lld", i == 0 ? '[' : ',', (long long)seqs[i]);
-        text_put(&list, num, (size_t)len);
-    }
-    text_char(&list, ']');
+    /* One statement for the round. */
+    text_t list = seq_list(seqs, n);
     lapse_status_t rc = LAPSE_OK;
     if (list.failed) {
         rc = lapse_error_set(err, LAPSE_ERR_NOMEM, "events: mark published");

@@ -105,8 +105,9 @@ static const char SCHEMA_SQL[] =
     X(ORDER_COUNT, "SELECT status, count(*) FROM orders GROUP BY status")                \
     X(EVENTS_PENDING, "SELECT seq, event_id, order_id, body FROM events"                 \
                       " WHERE published_at_ms IS NULL ORDER BY seq LIMIT ?1")            \
-    X(EVENT_BY_SEQ, "SELECT seq, event_id, order_id, body FROM events"                   \
-                    " WHERE seq = ?1 AND published_at_ms IS NULL")                       \
+    X(EVENTS_BY_SEQ, "SELECT seq, event_id, order_id, body FROM events"                  \
+                     " WHERE seq IN (SELECT value FROM json_each(?1))"                   \
+                     " AND published_at_ms IS NULL ORDER BY seq")                        \
     X(EVENTS_PUBLISHED, "UPDATE events SET published_at_ms = ?1"                         \
                         " WHERE seq IN (SELECT value FROM json_each(?2))"                \
                         " AND published_at_ms IS NULL")                                  \
