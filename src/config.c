@@ -699,6 +699,12 @@ void lapse_config_set_log_cb(lapse_config_t *cfg, lapse_log_cb cb, void *opaque)
     cfg->log_opaque = opaque;
 }
 
+void lapse_config_set_log_burst_cb(lapse_config_t *cfg, lapse_log_burst_cb cb) {
+    if (cfg != NULL) {
+        cfg->log_burst_cb = cb;
+    }
+}
+
 const lapse__class_t *lapse__config_find_class(const lapse_config_t *cfg,
                                                int64_t ttl_ms) {
     if (cfg == NULL) {

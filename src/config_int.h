@@ -56,10 +56,14 @@ struct lapse_config {
     char scratch[64];         /* lapse_config_get() formatting */
 
     lapse_log_cb log_cb;
+    lapse_log_burst_cb log_burst_cb;
     void *log_opaque;
     lapse_log_level_t log_level; /* lines above it are dropped before formatting */
     bool log_json;               /* log_format: read by the sink (the CLI's), not here */
 };
+
+/** Begin (true) or end a burst of log lines: see lapse_log_burst_cb. */
+void lapse__log_burst(const lapse_config_t *cfg, bool begin);
 
 /** Log a printf-formatted line through cfg's sink (no-op without one, or when level is
  *  above cfg's log_level: checked before anything is formatted). */

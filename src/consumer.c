@@ -282,6 +282,8 @@ static void decide(lapse_consumer_t *c, int64_t now, size_t n_items) {
         }
     }
     c->n_seqs = 0;
+    /* One decision line per order: the sink may write the batch's together. */
+    lapse__log_burst(c->cfg, true);
     for (size_t k = 0; k < n_items; k++) {
         const lapse_cancel_item_t *it = &c->items[k];
         delivery_t *d = &c->batch[c->item_of[k]];
@@ -329,6 +331,7 @@ static void decide(lapse_consumer_t *c, int64_t now, size_t n_items) {
                 break;
         }
     }
+    lapse__log_burst(c->cfg, false);
 }
 
 static lapse_status_t process(lapse_consumer_t *c, const volatile sig_atomic_t *stop,

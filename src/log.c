@@ -28,6 +28,12 @@ void lapse__log(const lapse_config_t *cfg, lapse_log_level_t level, const char *
     cfg->log_cb(cfg->log_opaque, level, lapse__escape_ctl(raw, line, sizeof line));
 }
 
+void lapse__log_burst(const lapse_config_t *cfg, bool begin) {
+    if (cfg != NULL && cfg->log_cb != NULL && cfg->log_burst_cb != NULL) {
+        cfg->log_burst_cb(cfg->log_opaque, begin);
+    }
+}
+
 char *lapse__escape_ctl(const char *in, char *out, size_t cap) {
     static const char hex[] = "0123456789abcdef";
     size_t used = 0;

@@ -99,4 +99,13 @@ LAPSE_API bool lapse_config_has_class(const lapse_config_t *cfg, int64_t ttl_ms)
 LAPSE_API void lapse_config_set_log_cb(lapse_config_t *cfg, lapse_log_cb cb,
                                        void *opaque);
 
+/** Told, with the log sink's opaque, where a burst of lines begins (begin true) and
+ *  ends: the lines of one batch's decisions, sent to the log callback in between and
+ *  within the same call of the library. A sink may hold them and write them together
+ *  at the end; one that ignores bursts loses nothing. Begin and end always pair. */
+typedef void (*lapse_log_burst_cb)(void *opaque, bool begin);
+
+/** Set the burst callback (default: none). */
+LAPSE_API void lapse_config_set_log_burst_cb(lapse_config_t *cfg, lapse_log_burst_cb cb);
+
 #endif

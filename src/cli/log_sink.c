@@ -252,14 +252,45 @@ char *cli_log_format(const cli_log_t *log, int64_t ts_ms, lapse_log_level_t leve
     return out;
 }
 
+static void write_held(cli_log_t *log) {
+    if (log->n_held > 0) {
+        fwrite(log->held, 1, log->n_held, stderr);
+        log->n_held = 0;
+    }
+}
+
 void cli_log_sink(void *opaque, lapse_log_level_t level, const char *line) {
-    char *out = cli_log_format(opaque, lapse_clock_now_ms(), level, line);
+    cli_log_t *log = opaque;
+    char *out = cli_log_format(log, lapse_clock_now_ms(), level, line);
     if (out == NULL) {
         fputs("lapse: out of memory while logging\n", stderr);
         return;
     }
-    /* One write, so that lines of processes sharing the stream (lapse demo) never
-     * interleave. */
-    fwrite(out, 1, strlen(out), stderr);
+    size_t len = strlen(out);
+    if (log != NULL && log->in_burst && len <= sizeof log->held) {
+        if (log->n_held + len > sizeof log->held) {
+            write_held(log);
+        }
+        memcpy(log->held + log->n_held, out, len);
+        log->n_held += len;
+    } else {
+        /* One write, so that lines of processes sharing the stream (lapse demo) never
+         * interleave; held lines go first, to keep the order. */
+        if (log != NULL) {
+            write_held(log);
+        }
+        fwrite(out, 1, len, stderr);
+    }
     free(out);
+}
+
+void cli_log_burst(void *opaque, bool begin) {
+    cli_log_t *log = opaque;
+    if (log == NULL) {
+        return;
+    }
+    if (!begin) {
+        write_held(log);
+    }
+    log->in_burst = begin;
 }

@@ -4,7 +4,9 @@
 #ifndef LAPSE_CLI_LOG_SINK_H
 #define LAPSE_CLI_LOG_SINK_H
 
+#include <limits.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include <lapse/config.h>
@@ -12,6 +14,12 @@
 typedef struct cli_log {
     bool json;    /* one JSON object a line instead of "<ts> level=<l> <line>" */
     bool journal; /* stderr is journald's stream: each line starts with "<N>" */
+    /* In a burst (cli_log_burst), whole lines wait here and go out in writes of at most
+     * PIPE_BUF bytes: atomic on a pipe, so lines of processes sharing the stream (lapse
+     * demo) still never interleave. */
+    bool in_burst;
+    size_t n_held;
+    char held[PIPE_BUF];
 } cli_log_t;
 
 /** Fill log from cfg's log_format and from JOURNAL_STREAM (checked against stderr). */
@@ -46,8 +54,12 @@ char *cli_log_format(const cli_log_t *log, int64_t ts_ms, lapse_log_level_t leve
  */
 char *cli_log_format_error(const cli_log_t *log, int64_t ts_ms, const char *text);
 
-/** lapse_log_cb writing cli_log_format's line to stderr in one write; opaque is a
- *  borrowed cli_log_t (NULL: text, no prefix) that must outlive the config's use. */
+/** lapse_log_cb writing cli_log_format's line to stderr in one write, or, in a burst,
+ *  holding it for a write of several; opaque is a borrowed cli_log_t (NULL: text, no
+ *  prefix, no bursts) that must outlive the config's use. */
 void cli_log_sink(void *opaque, lapse_log_level_t level, const char *line);
+
+/** lapse_log_burst_cb for cli_log_sink: a burst's end writes what it held. */
+void cli_log_burst(void *opaque, bool begin);
 
 #endif

@@ -33,6 +33,7 @@ int main(int argc, char **argv) {
     /* Text until the settings are known; nothing logs before they are. */
     cli_log_t log = {0};
     lapse_config_set_log_cb(cfg, cli_log_sink, &log);
+    lapse_config_set_log_burst_cb(cfg, cli_log_burst);
     cli_t cli = {.cfg = cfg, .self = argv[0]};
     int n_pos = 0;
     char **pos = NULL;

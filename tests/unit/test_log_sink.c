@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT
  * The executable's log sink: the text line, the JSON line parsed back field by field,
- * the journal's priority prefix and how stderr is recognised as the journal. */
+ * the journal's priority prefix and how stderr is recognised as the journal; bursts. */
+#define _GNU_SOURCE /* F_SETPIPE_SZ */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -9,6 +10,7 @@
 
 #include "cli/log_sink.h"
 
+#include <fcntl.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -226,6 +228,94 @@ static void test_error_lines_follow_the_sink(void **state) {
     free(out);
 }
 
+/* What the sink wrote to stderr (a pipe here) since the last call; new string. */
+static char *drain(int fd) {
+    size_t cap = 1 << 20, n = 0;
+    char *text = malloc(cap);
+    assert_non_null(text);
+    ssize_t got;
+    while ((got = read(fd, text + n, cap - 1 - n)) > 0) {
+        n += (size_t)got;
+    }
+    text[n] = '\0';
+    return text;
+}
+
+static size_t count_lines(const char *text) {
+    size_t n = 0;
+    for (const char *p = strchr(text, '\n'); p != NULL; p = strchr(p + 1, '\n')) {
+        n++;
+    }
+    return n;
+}
+
+/* A burst's lines are held until it ends, then written in order; a burst larger than
+ * one write goes out in whole lines; a line outside a burst goes out at once. */
+static void test_burst_lines_are_held_and_written_whole(void **state) {
+    (void)state;
+    int fds[2];
+    assert_int_equal(pipe(fds), 0);
+    assert_int_equal(fcntl(fds[0], F_SETFL, O_NONBLOCK), 0);
+    assert_int_equal(fcntl(fds[1], F_SETPIPE_SZ, 1 << 20) > 0, 1);
+    fflush(stderr);
+    int saved = dup(STDERR_FILENO);
+    assert_int_equal(dup2(fds[1], STDERR_FILENO), STDERR_FILENO);
+    cli_log_t log = {0};
+    char *seen[5];
+
+    cli_log_sink(&log, LAPSE_LOG_INFO, "event=before");
+    seen[0] = drain(fds[0]);
+    cli_log_burst(&log, true);
+    cli_log_sink(&log, LAPSE_LOG_INFO, "event=decision order_id=a decision=cancelled");
+    cli_log_sink(&log, LAPSE_LOG_INFO, "event=decision order_id=b decision=noop_paid");
+    seen[1] = drain(fds[0]);
+    cli_log_burst(&log, false);
+    seen[2] = drain(fds[0]);
+    /* 200 lines of about 100 bytes: more than one write can hold. */
+    cli_log_burst(&log, true);
+    for (int i = 0; i < 200; i++) {
+        char line[128];
+        snprintf(line, sizeof line, "event=decision order_id=ord-%03d decision=cancelled",
+                 i);
+        cli_log_sink(&log, LAPSE_LOG_INFO, line);
+    }
+    seen[3] = drain(fds[0]);
+    cli_log_burst(&log, false);
+    seen[4] = drain(fds[0]);
+
+    assert_int_equal(dup2(saved, STDERR_FILENO), STDERR_FILENO);
+    close(saved);
+    close(fds[0]);
+    close(fds[1]);
+
+    assert_non_null(strstr(seen[0], "level=info event=before\n"));
+    assert_string_equal(seen[1], ""); /* held */
+    assert_int_equal(count_lines(seen[2]), 2);
+    assert_true(strstr(seen[2], "order_id=a ") < strstr(seen[2], "order_id=b "));
+    /* Part of the big burst went out before its end, in whole lines. */
+    size_t early = count_lines(seen[3]);
+    assert_true(early > 0 && early < 200);
+    assert_int_equal(seen[3][strlen(seen[3]) - 1], '\n');
+    assert_true(strlen(seen[3]) <= 200 * 128);
+    assert_int_equal(early + count_lines(seen[4]), 200);
+    char *all = malloc(strlen(seen[3]) + strlen(seen[4]) + 1);
+    assert_non_null(all);
+    strcpy(all, seen[3]);
+    strcat(all, seen[4]);
+    const char *at = all;
+    for (int i = 0; i < 200; i++) {
+        char id[32];
+        snprintf(id, sizeof id, "order_id=ord-%03d ", i);
+        const char *next = strstr(at, id);
+        assert_non_null(next); /* every line, in order */
+        at = next;
+    }
+    free(all);
+    for (int i = 0; i < 5; i++) {
+        free(seen[i]);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_text_line),
@@ -236,6 +326,7 @@ int main(void) {
         cmocka_unit_test(test_journal_prefix),
         cmocka_unit_test(test_journal_stream_matches_fd),
         cmocka_unit_test(test_error_lines_follow_the_sink),
+        cmocka_unit_test(test_burst_lines_are_held_and_written_whole),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
