@@ -300,10 +300,16 @@ static void text_json_string(text_t *t, const char *s) {
         if (ch == '\0') {
             break;
         }
-        char esc[8];
-        int len = ch == '"' || ch == '\\' ? snprintf(esc, sizeof esc, "\\%c", ch)
-                                          : snprintf(esc, sizeof esc, "\\u%04x", ch);
-        text_put(t, esc, (size_t)len);
+        static const char hex[] = "0123456789abcdef";
+        char esc[6] = {'\\', (char)ch, 0, 0, 0, 0};
+        size_t len = 2;
+        if (ch != '"' && ch != '\\') {
+            memcpy(esc + 1, "u00", 3);
+            esc[4] = hex[ch >> 4];
+            esc[5] = hex[ch & 0xf];
+            len = 6;
+        }
+        text_put(t, esc, len);
         from = c + 1;
     }
     text_char(t, '"');
