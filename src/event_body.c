@@ -44,8 +44,7 @@ static size_t utf8_len(const unsigned char *s) {
     return n;
 }
 
-/* What s takes as a JSON string (quotes included), or 0 when it is not UTF-8. */
-static size_t string_size(const char *s) {
+size_t lapse__json_string_size(const char *s) {
     size_t size = 2;
     for (const unsigned char *p = (const unsigned char *)s; *p;) {
         size_t n = utf8_len(p);
@@ -65,8 +64,7 @@ static size_t string_size(const char *s) {
     return size;
 }
 
-/* s (valid UTF-8: string_size said so) as a JSON string, escaped as jansson escapes. */
-static char *put_string(char *out, const char *s) {
+char *lapse__json_put_string(char *out, const char *s) {
     static const char hex[] = "0123456789ABCDEF";
     *out++ = '"';
     for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
@@ -133,14 +131,14 @@ char *lapse__event_body(const char *order_id, int64_t deadline_ms,
     size_t size = sizeof head + sizeof id_key + sizeof deadline_key + sizeof at_key +
                   sizeof holds_key + 2; /* "]}" and the NUL, with room to spare */
     for (size_t i = 0; i < sizeof fixed / sizeof *fixed; i++) {
-        size_t n = string_size(fixed[i]);
+        size_t n = lapse__json_string_size(fixed[i]);
         if (n == 0) {
             return NULL;
         }
         size += n;
     }
     for (size_t h = 0; h < n_holds; h++) {
-        size_t n = string_size(holds[h]);
+        size_t n = lapse__json_string_size(holds[h]);
         if (n == 0) {
             return NULL; /* jansson refuses it too: no body, as before */
         }
@@ -151,16 +149,16 @@ char *lapse__event_body(const char *order_id, int64_t deadline_ms,
         return NULL;
     }
     char *out = put(text, head);
-    out = put_string(out, LAPSE_EVENT_CANCELLED);
-    out = put_string(put(out, id_key), order_id);
-    out = put_string(put(out, deadline_key), deadline);
-    out = put_string(put(out, at_key), cancelled_at);
+    out = lapse__json_put_string(out, LAPSE_EVENT_CANCELLED);
+    out = lapse__json_put_string(put(out, id_key), order_id);
+    out = lapse__json_put_string(put(out, deadline_key), deadline);
+    out = lapse__json_put_string(put(out, at_key), cancelled_at);
     out = put(out, holds_key);
     for (size_t h = 0; h < n_holds; h++) {
         if (h > 0) {
             *out++ = ',';
         }
-        out = put_string(out, holds[h]);
+        out = lapse__json_put_string(out, holds[h]);
     }
     *out++ = ']';
     *out++ = '}';

@@ -41,6 +41,14 @@ lapse_status_t lapse__order_status_parse(const char *text, lapse_order_status_t 
 char *lapse__event_body(const char *order_id, int64_t deadline_ms,
                         int64_t cancelled_at_ms, char *const *holds, size_t n_holds);
 
+/** What s takes as a JSON string, quotes included, escaped as jansson escapes it; 0 when
+ *  s is not UTF-8 (jansson refuses it too). */
+size_t lapse__json_string_size(const char *s);
+
+/** Write s (UTF-8: lapse__json_string_size said so) at out as a JSON string, exactly
+ *  lapse__json_string_size(s) bytes, no NUL; returns the byte after it. */
+char *lapse__json_put_string(char *out, const char *s);
+
 /* The decisions every backend shares, as plain functions over the row it read back after
  * a compare-and-set that changed nothing, so they are made the same way everywhere. */
 

@@ -260,9 +260,10 @@ typedef struct text {
     bool failed;
 } text_t;
 
-static void text_put(text_t *t, const char *s, size_t len) {
+/* Room for len more bytes and a NUL; false (and failed) when there is none. */
+static bool text_reserve(text_t *t, size_t len) {
     if (t->failed) {
-        return;
+        return false;
     }
     if (t->n + len + 1 > t->cap) {
         size_t cap = t->cap != 0 ? t->cap : 1024;
@@ -272,47 +273,40 @@ static void text_put(text_t *t, const char *s, size_t len) {
         char *grown = realloc(t->p, cap);
         if (grown == NULL) {
             t->failed = true;
-            return;
+            return false;
         }
         t->p = grown;
         t->cap = cap;
     }
-    memcpy(t->p + t->n, s, len);
-    t->n += len;
-    t->p[t->n] = '\0';
+    return true;
+}
+
+static void text_put(text_t *t, const char *s, size_t len) {
+    if (text_reserve(t, len)) {
+        memcpy(t->p + t->n, s, len);
+        t->n += len;
+        t->p[t->n] = '\0';
+    }
 }
 
 static void text_char(text_t *t, char c) {
     text_put(t, &c, 1);
 }
 
-/* s as a JSON string: quotes, backslashes and control characters escaped, every other
- * byte as it is, so that json_each hands back exactly s. */
-static void text_json_string(text_t *t, const char *s) {
-    text_char(t, '"');
-    const char *from = s;
-    for (const char *c = s;; c++) {
-        unsigned char ch = (unsigned char)*c;
-        if (ch != '\0' && ch != '"' && ch != '\\' && ch >= 0x20) {
-            continue;
-        }
-        text_put(t, from, (size_t)(c - from));
-        if (ch == '\0') {
-            break;
-        }
-        static const char hex[] = "0123456789abcdef";
-        char esc[6] = {'\\', (char)ch, 0, 0, 0, 0};
-        size_t len = 2;
-        if (ch != '"' && ch != '\\') {
-            memcpy(esc + 1, "u00", 3);
-            esc[4] = hex[ch >> 4];
-            esc[5] = hex[ch & 0xf];
-            len = 6;
-        }
-        text_put(t, esc, len);
-        from = c + 1;
+/* s (UTF-8) as a JSON string, so that json_each hands back exactly s; false when s is
+ * not UTF-8. */
+static bool text_json_string(text_t *t, const char *s) {
+    size_t size = lapse__json_string_size(s);
+    if (size == 0) {
+        return false;
     }
-    text_char(t, '"');
+    if (!text_reserve(t, size)) {
+        return true; /* the failure sticks in t */
+    }
+    lapse__json_put_string(t->p + t->n, s);
+    t->n += size;
+    t->p[t->n] = '\0';
+    return true;
 }
 
 /* seqs (n > 0) as a JSON array, for the statements that read it with json_each; check
@@ -551,7 +545,11 @@ static lapse_status_t events_json(cancel_batch_t *c, int64_t now_ms, lapse_error
         text_put(&c->events, first ? "\"" : ",\"", first ? 1 : 2);
         text_put(&c->events, item->order_id, strlen(item->order_id));
         text_put(&c->events, "\":", 2);
-        text_json_string(&c->events, body);
+        if (!text_json_string(&c->events, body)) {
+            /* cannot happen: lapse__event_body writes UTF-8 or nothing */
+            rc = lapse_error_set(err, LAPSE_ERR_INVALID, "order %s: event body not UTF-8",
+                                 item->order_id);
+        }
         first = false;
         free(body);
     }
