@@ -951,8 +951,30 @@ static lapse_status_t set_wal(sqlite_store_t *s, lapse_error_t *err) {
     return rc;
 }
 
+/* PRAGMA foreign_key_check of the open transaction: LAPSE_OK when it finds nothing. */
+static lapse_status_t foreign_keys_hold(sqlite_store_t *s, lapse_error_t *err) {
+    sqlite3_stmt *st = NULL;
+    int src = sqlite3_prepare_v2(s->db, "PRAGMA foreign_key_check", -1, &st, NULL);
+    if (src == SQLITE_OK) {
+        src = sqlite3_step(st);
+    }
+    sqlite3_finalize(st);
+    if (src == SQLITE_ROW) {
+        return lapse_error_set(
+            err, LAPSE_ERR_STORE_OPEN,
+            "schema upgrade: a hold names no order (foreign_key_check)");
+    }
+    return src == SQLITE_DONE ? LAPSE_OK : open_fail(s, src, "foreign_key_check", err);
+}
+
+/* Brings the file to SCHEMA_VERSION in one write transaction. Foreign keys are off
+ * meanwhile (a no-op inside a transaction, hence here): MIGRATE_V4_SQL drops and
+ * renames the table holds references. */
 static lapse_status_t apply_schema(sqlite_store_t *s, lapse_error_t *err) {
-    int src = sqlite3_exec(s->db, "BEGIN IMMEDIATE", NULL, NULL, NULL);
+    int src = sqlite3_exec(s->db, "PRAGMA foreign_keys = OFF", NULL, NULL, NULL);
+    if (src == SQLITE_OK) {
+        src = sqlite3_exec(s->db, "BEGIN IMMEDIATE", NULL, NULL, NULL);
+    }
     if (src != SQLITE_OK) {
         return open_fail(s, src, "schema", err);
     }
@@ -971,14 +993,25 @@ static lapse_status_t apply_schema(sqlite_store_t *s, lapse_error_t *err) {
         rc = lapse_error_set(err, LAPSE_ERR_STORE_OPEN,
                              "store schema version %d is newer than this lapse (%d)",
                              version, SCHEMA_VERSION);
+    } else if (version >= 1 && version < 4 &&
+               (src = sqlite3_exec(s->db, MIGRATE_V4_SQL, NULL, NULL, NULL)) !=
+                   SQLITE_OK) {
+        rc = open_fail(s, src, "schema upgrade to version 4", err);
     } else if (version < SCHEMA_VERSION &&
                (src = sqlite3_exec(s->db, SCHEMA_SQL, NULL, NULL, NULL)) != SQLITE_OK) {
         rc = open_fail(s, src, "schema", err);
+    } else if (version >= 1 && version < 4 &&
+               (rc = foreign_keys_hold(s, err)) != LAPSE_OK) {
+        /* rolled back below */
     } else if ((src = sqlite3_exec(s->db, "COMMIT", NULL, NULL, NULL)) != SQLITE_OK) {
         rc = open_fail(s, src, "schema commit", err);
     }
     if (rc != LAPSE_OK && !sqlite3_get_autocommit(s->db)) {
         sqlite3_exec(s->db, "ROLLBACK", NULL, NULL, NULL);
+    }
+    src = sqlite3_exec(s->db, "PRAGMA foreign_keys = ON", NULL, NULL, NULL);
+    if (rc == LAPSE_OK && src != SQLITE_OK) {
+        rc = open_fail(s, src, "foreign_keys", err);
     }
     return rc;
 }
@@ -1067,9 +1100,7 @@ lapse_store_t *lapse__store_sqlite_open(const char *path, unsigned open_flags,
     if ((*rc = set_wal(s, err)) != LAPSE_OK) {
         goto fail;
     }
-    src = sqlite3_exec(s->db,
-                       "PRAGMA synchronous = FULL; PRAGMA foreign_keys = ON;"
-                       " PRAGMA temp_store = MEMORY",
+    src = sqlite3_exec(s->db, "PRAGMA synchronous = FULL; PRAGMA temp_store = MEMORY",
                        NULL, NULL, NULL);
     if (src != SQLITE_OK) {
         *rc = open_fail(s, src, "pragmas", err);

@@ -629,6 +629,14 @@ static void test_open_upgrades_a_version_1_file(void **state) {
             "INSERT INTO orders (order_id, status, deadline_ms, created_at_ms)"
             " VALUES ('v1-b', 'pending', 1800000002000, 1800000000000),"
             " ('v1-a', 'pending', 1800000001000, 1800000000000);"
+            "INSERT INTO orders (order_id, status, deadline_ms, created_at_ms,"
+            " paid_at_ms, cancelled_at_ms, scheduled)"
+            " VALUES ('v1-paid', 'paid', 1700000001000, 1700000000000, 1700000000500,"
+            " NULL, 1),"
+            " ('v1-gone', 'cancelled', 1700000001000, 1700000000000, NULL,"
+            " 1700000001200, 1);"
+            "INSERT INTO holds (order_id, resource) VALUES ('v1-a', 'seat-1'),"
+            " ('v1-a', 'seat-2'), ('v1-paid', 'seat-3');"
             "PRAGMA user_version = 1;",
             NULL, NULL, NULL),
         SQLITE_OK);
@@ -643,10 +651,50 @@ static void test_open_upgrades_a_version_1_file(void **state) {
                                   " ('orders_pending_deadline',"
                                   " 'orders_unscheduled_deadline')"),
                      2);
+    /* Version 4 rebuilt orders: every row and column kept, the holds still theirs, the
+     * status CHECK without an IN list and still refusing what it refused, the index by
+     * status gone. */
+    assert_int_equal(query_int(f, "SELECT count(*) FROM orders"), 4);
+    assert_int_equal(query_int(f, "SELECT paid_at_ms + scheduled FROM orders"
+                                  " WHERE order_id = 'v1-paid' AND status = 'paid'"),
+                     1700000000501);
+    assert_int_equal(query_int(f, "SELECT cancelled_at_ms FROM orders"
+                                  " WHERE order_id = 'v1-gone' AND status = 'cancelled'"),
+                     1700000001200);
+    assert_int_equal(query_int(f, "SELECT count(*) FROM holds h JOIN orders o"
+                                  " USING (order_id) WHERE h.resource LIKE 'seat-%'"),
+                     3);
+    assert_int_equal(query_int(f, "SELECT count(*) FROM pragma_foreign_key_check"), 0);
+    assert_int_equal(query_int(f, "SELECT count(*) FROM sqlite_master WHERE name ="
+                                  " 'orders_status_deadline' OR name = 'orders_v4'"),
+                     0);
+    assert_int_equal(query_int(f, "SELECT count(*) FROM sqlite_master WHERE name ="
+                                  " 'orders' AND sql LIKE '%status IN%'"),
+                     0);
+    assert_int_equal(query_int(f, "SELECT count(*) FROM sqlite_master WHERE name IN"
+                                  " ('orders_settled_deadline', 'events_published')"),
+                     2);
+    assert_int_equal(sqlite3_open_v2(f->path, &db, SQLITE_OPEN_READWRITE, NULL),
+                     SQLITE_OK);
+    assert_int_equal(
+        sqlite3_exec(db, "UPDATE orders SET status = 'lost' WHERE order_id = 'v1-b'",
+                     NULL, NULL, NULL),
+        SQLITE_CONSTRAINT);
+    assert_int_equal(sqlite3_extended_errcode(db), SQLITE_CONSTRAINT_CHECK);
+    sqlite3_close(db);
+
+    /* And the store works on it: the walk, and a cancel that releases the holds. */
     seen_t s = {0};
     walk(f->store, NULL, &s);
     assert_string_equal(s.ids, "v1-a v1-b");
     seen_clear(&s);
+    lapse_cancel_item_t item = {.order_id = "v1-a"};
+    assert_int_equal(lapse_store_cancel_batch(f->store, &item, 1, 1800000001000, &err),
+                     LAPSE_OK);
+    assert_int_equal(item.outcome, LAPSE_CANCEL_DONE);
+    assert_int_equal(query_int(f, "SELECT count(*) FROM holds WHERE order_id = 'v1-a'"
+                                  " AND released_at_ms = 1800000001000"),
+                     2);
     (void)SCHEMA_SQL;
 }
 

@@ -337,7 +337,7 @@ static void test_open_uses_wal_and_versioned_schema(void **state) {
     assert_string_equal((const char *)sqlite3_column_text(st, 0), "wal");
     sqlite3_finalize(st);
     sqlite3_close(db);
-    assert_int_equal(query_int(f, "PRAGMA user_version"), 3);
+    assert_int_equal(query_int(f, "PRAGMA user_version"), 4);
     assert_int_equal(query_int(f,
                                "SELECT count(*) FROM sqlite_master WHERE type = 'table'"
                                " AND name IN ('orders', 'holds', 'events')"),
