@@ -44,9 +44,20 @@ static size_t utf8_len(const unsigned char *s) {
     return n;
 }
 
+/* A byte JSON writes as it is and that starts no multi-byte sequence: printable ASCII
+ * but the quote and the backslash. */
+static bool plain(unsigned char c) {
+    return c >= 0x20 && c < 0x80 && c != '"' && c != '\\';
+}
+
 size_t lapse__json_string_size(const char *s) {
     size_t size = 2;
     for (const unsigned char *p = (const unsigned char *)s; *p;) {
+        if (plain(*p)) { /* the common case, without the UTF-8 decoder's call */
+            size++;
+            p++;
+            continue;
+        }
         size_t n = utf8_len(p);
         if (n == 0) {
             return 0;
@@ -68,6 +79,10 @@ char *lapse__json_put_string(char *out, const char *s) {
     static const char hex[] = "0123456789ABCDEF";
     *out++ = '"';
     for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (plain(*p) || *p >= 0x80) {
+            *out++ = (char)*p;
+            continue;
+        }
         const char *esc = NULL;
         switch (*p) {
             case '"':
@@ -97,13 +112,11 @@ char *lapse__json_put_string(char *out, const char *s) {
         if (esc != NULL) {
             *out++ = esc[0];
             *out++ = esc[1];
-        } else if (*p < 0x20) {
+        } else { /* another control character */
             memcpy(out, "\\u00", 4);
             out[4] = hex[*p >> 4];
             out[5] = hex[*p & 0xf];
             out += 6;
-        } else {
-            *out++ = (char)*p;
         }
     }
     *out++ = '"';

@@ -314,10 +314,16 @@ static bool text_json_string(text_t *t, const char *s) {
 static text_t seq_list(const int64_t *seqs, size_t n) {
     text_t list = {0};
     for (size_t i = 0; i < n; i++) {
+        /* By hand: snprintf was 2 % of a consumer's instructions. A seq is > 0. */
         char num[24];
-        int len =
-            snprintf(num, sizeof num, "%c%lld", i == 0 ? '[' : ',', (long long)seqs[i]);
-        text_put(&list, num, (size_t)len);
+        char *end = num + sizeof num, *at = end;
+        uint64_t v = (uint64_t)seqs[i];
+        do {
+            *--at = (char)('0' + v % 10);
+            v /= 10;
+        } while (v != 0);
+        *--at = i == 0 ? '[' : ',';
+        text_put(&list, at, (size_t)(end - at));
     }
     text_char(&list, ']');
     return list;
