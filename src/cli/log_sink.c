@@ -211,35 +211,50 @@ char *cli_log_format_error(const cli_log_t *log, int64_t ts_ms, const char *text
     return out;
 }
 
+/* The pieces of a line, put one after the other; returns the byte after them. */
+static char *put(char *out, const char *s, size_t n) {
+    memcpy(out, s, n);
+    return out + n;
+}
+
 char *cli_log_format(const cli_log_t *log, int64_t ts_ms, lapse_log_level_t level,
                      const char *line) {
     if (level > LAPSE_LOG_DEBUG) {
         level = LAPSE_LOG_DEBUG;
     }
-    /* "***" replaces passwords of any length: the redacted line may be longer. */
-    size_t cap = 2 * strlen(line) + 8;
-    char *safe = malloc(cap);
-    if (safe == NULL) {
+    /* "***" replaces passwords of any length: the redacted line may be longer. The text
+     * form is written in the same buffer, after the room its head takes: one allocation
+     * and no printf per line (the consumer writes one per order). */
+    static const size_t head_room = 8 + LAPSE_RFC3339_LEN + 16; /* <p>, ts, " level=x " */
+    size_t cap = head_room + 2 * strlen(line) + 8;
+    char *buf = malloc(cap);
+    if (buf == NULL) {
         return NULL;
     }
-    cli_redact(line, safe, cap);
+    char *safe = buf + head_room;
+    cli_redact(line, safe, cap - head_room);
     char prefix[8] = "";
     if (log != NULL && log->journal) {
         snprintf(prefix, sizeof prefix, "<%d>", cli_log_priority(level));
     }
-    char *body = NULL;
-    if (log != NULL && log->json) {
-        body = format_json(ts_ms, level, safe);
-    } else {
+    if (log == NULL || !log->json) {
         char ts[LAPSE_RFC3339_LEN];
         lapse_time_format_rfc3339(ts_ms, ts);
-        size_t n = strlen(ts) + strlen(safe) + 32;
-        body = malloc(n);
-        if (body != NULL) {
-            snprintf(body, n, "%s level=%s %s", ts, level_names[level], safe);
-        }
+        size_t n_safe = strlen(safe);
+        /* The head fits before safe (head_room), so safe moves only once, to meet it. */
+        char *out = put(buf, prefix, strlen(prefix));
+        out = put(out, ts, strlen(ts));
+        out = put(out, " level=", 7);
+        out = put(out, level_names[level], strlen(level_names[level]));
+        *out++ = ' ';
+        memmove(out, safe, n_safe);
+        out += n_safe;
+        *out++ = '\n';
+        *out = '\0';
+        return buf;
     }
-    free(safe);
+    char *body = format_json(ts_ms, level, safe);
+    free(buf);
     if (body == NULL) {
         return NULL;
     }
