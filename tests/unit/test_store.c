@@ -727,6 +727,51 @@ static void test_cancel_event_body_names_order_deadline_and_holds(void **state) 
     }
 }
 
+static int compare_strings(const void *a, const void *b) {
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* The stored body is what jansson's compact dump of the event gives, byte for byte, also
+ * for holds that JSON must escape (quotes, backslashes, control characters) and for
+ * non-ASCII ones: the SQLite backend hands the bodies to SQL inside a JSON document and
+ * must get back exactly what it wrote. */
+static void test_cancel_event_body_is_stored_as_written(void **state) {
+    fixture_t *f = *state;
+    const char *holds[] = {"quote\"d",         "back\\slash", "tab\tand\nnewline",
+                           "ctl\x01\x1f\x7f",  "caf\xc3\xa9", "\xe4\xb8\xad",
+                           "\xf0\x9f\x98\x80", "slash/x",     "\\u0041"};
+    size_t n_holds = sizeof holds / sizeof *holds;
+    assert_int_equal(insert(f->store, "ord-esc", DEADLINE, holds, n_holds), LAPSE_OK);
+    int64_t seq = 0;
+    assert_int_equal(cancel(f->store, "ord-esc", DEADLINE + 7, &seq), LAPSE_CANCEL_DONE);
+    release_claims(f);
+    seen_t seen = {0};
+    lapse_error_t err;
+    assert_int_equal(
+        lapse_store_events_pending(f->store, 10, NULL, 0, record_event, &seen, &err),
+        LAPSE_OK);
+    assert_int_equal(seen.n, 1);
+
+    char deadline[LAPSE_RFC3339_LEN], cancelled_at[LAPSE_RFC3339_LEN];
+    lapse_time_format_rfc3339(DEADLINE, deadline);
+    lapse_time_format_rfc3339(query_int(f, "SELECT cancelled_at_ms FROM orders"),
+                              cancelled_at);
+    qsort(holds, n_holds, sizeof *holds, compare_strings); /* the store's order */
+    json_t *names = json_array();
+    for (size_t h = 0; h < n_holds; h++) {
+        json_array_append_new(names, json_string(holds[h]));
+    }
+    json_t *event = json_pack("{s:s, s:s, s:s, s:s, s:o}", "event", "order.cancelled",
+                              "order_id", "ord-esc", "deadline", deadline, "cancelled_at",
+                              cancelled_at, "holds", names);
+    assert_non_null(event);
+    char *want = json_dumps(event, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    assert_non_null(strstr(want, "\\u0001\\u001F")); /* escapes were exercised */
+    assert_string_equal(seen.body[0], want);
+    free(want);
+    json_decref(event);
+}
+
 /* Every outcome in one batch, an id twice and one that cannot exist: each item is decided
  * as if the items were cancelled one after the other, and only the cancelled release
  * their holds and get an event, in item order. */
@@ -1253,6 +1298,7 @@ int main(void) {
         T(test_cancel_batch_failure_writes_nothing),
         T(test_cancel_mixed_batch),
         T(test_cancel_event_body_names_order_deadline_and_holds),
+        T(test_cancel_event_body_is_stored_as_written),
         T(test_events_pending_and_mark_published),
         T(test_events_pending_filters_by_seq),
         T(test_events_pending_stops_when_callback_says_so),
