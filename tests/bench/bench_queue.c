@@ -5,7 +5,8 @@
  * usage: bench_queue URL QUEUE count            print "messages=M consumers=C"
  *        bench_queue URL QUEUE wait M SECONDS   poll until it holds >= M messages
  *        bench_queue URL QUEUE drained SECONDS  poll until it holds 0 messages
- *        bench_queue URL QUEUE delete           delete it (and its messages)
+ *        bench_queue URL QUEUE delete [QUEUE...]  delete it (and its messages), and each
+ *                                               further QUEUE, on one connection
  *        bench_queue URL NAME delete-exchange   delete the exchange NAME
  * wait/drained print the last count and exit 1 on timeout; a missing queue exits 3. */
 #include "bench_common.h"
@@ -47,9 +48,15 @@ static int poll(amqp_connection_state_t conn, const char *queue, uint32_t want,
     }
 }
 
+static void delete_queue(amqp_connection_state_t conn, const char *queue) {
+    amqp_queue_delete(conn, BENCH_CHANNEL, amqp_cstring_bytes(queue), 0, 0);
+    bench_check(amqp_get_rpc_reply(conn), "queue.delete");
+}
+
 int main(int argc, char **argv) {
     if (argc < 4) {
-        fputs("usage: bench_queue URL QUEUE count|wait M SECONDS|drained SECONDS|delete\n"
+        fputs("usage: bench_queue URL QUEUE count|wait M SECONDS|drained SECONDS\n"
+              "       bench_queue URL QUEUE delete [QUEUE...]\n"
               "       bench_queue URL EXCHANGE delete-exchange\n",
               stderr);
         return 2;
@@ -68,9 +75,13 @@ int main(int argc, char **argv) {
                     (double)bench_count(argv[5], "SECONDS"));
     } else if (strcmp(verb, "drained") == 0 && argc == 5) {
         code = poll(conn, queue, 0, true, (double)bench_count(argv[4], "SECONDS"));
-    } else if (strcmp(verb, "delete") == 0 && argc == 4) {
-        amqp_queue_delete(conn, BENCH_CHANNEL, amqp_cstring_bytes(queue), 0, 0);
-        bench_check(amqp_get_rpc_reply(conn), "queue.delete");
+    } else if (strcmp(verb, "delete") == 0) {
+        /* Deleting a queue that does not exist succeeds: the caller may name queues a
+         * measurement never declared. */
+        delete_queue(conn, queue);
+        for (int i = 4; i < argc; i++) {
+            delete_queue(conn, argv[i]);
+        }
     } else if (strcmp(verb, "delete-exchange") == 0 && argc == 4) {
         amqp_exchange_delete(conn, BENCH_CHANNEL, amqp_cstring_bytes(queue), 0);
         bench_check(amqp_get_rpc_reply(conn), "exchange.delete");
