@@ -691,27 +691,36 @@ static int record_event(void *opaque, const lapse_event_t *event) {
     return seen->stop_after != 0 && seen->n >= seen->stop_after;
 }
 
-static void test_cancel_event_body_names_order_deadline_and_holds(void **state) {
-    fixture_t *f = *state;
-    const char *const holds[] = {"slot-b", "slot-a"};
-    assert_int_equal(insert(f->store, "ord-1", DEADLINE, holds, 2), LAPSE_OK);
-    int64_t seq = 0;
-    assert_int_equal(cancel(f->store, "ord-1", DEADLINE + 250, &seq), LAPSE_CANCEL_DONE);
+/* Records ORDER_ID with HOLDS, cancels it at CANCEL_AT and reads back its one pending
+ * event into *seen; DEADLINE and the stored cancel time, formatted, into the buffers. */
+static void cancel_one_event(fixture_t *f, const char *order_id, const char *const *holds,
+                             size_t n_holds, int64_t cancel_at, seen_t *seen,
+                             int64_t *seq, char deadline[LAPSE_RFC3339_LEN],
+                             char cancelled_at[LAPSE_RFC3339_LEN]) {
+    assert_int_equal(insert(f->store, order_id, DEADLINE, holds, n_holds), LAPSE_OK);
+    assert_int_equal(cancel(f->store, order_id, cancel_at, seq), LAPSE_CANCEL_DONE);
     release_claims(f);
-
-    seen_t seen = {0};
     lapse_error_t err;
     assert_int_equal(
-        lapse_store_events_pending(f->store, 10, NULL, 0, record_event, &seen, &err),
+        lapse_store_events_pending(f->store, 10, NULL, 0, record_event, seen, &err),
         LAPSE_OK);
-    assert_int_equal(seen.n, 1);
-    assert_int_equal(seen.seq[0], seq);
-    assert_string_equal(seen.event_id[0], "order.cancelled:ord-1");
-    /* The times are the stored ones (on PostgreSQL the server's cancel time). */
-    char deadline[LAPSE_RFC3339_LEN], cancelled_at[LAPSE_RFC3339_LEN], want[512];
+    assert_int_equal(seen->n, 1);
     lapse_time_format_rfc3339(DEADLINE, deadline);
     lapse_time_format_rfc3339(query_int(f, "SELECT cancelled_at_ms FROM orders"),
                               cancelled_at);
+}
+
+static void test_cancel_event_body_names_order_deadline_and_holds(void **state) {
+    fixture_t *f = *state;
+    const char *const holds[] = {"slot-b", "slot-a"};
+    int64_t seq = 0;
+    seen_t seen = {0};
+    char deadline[LAPSE_RFC3339_LEN], cancelled_at[LAPSE_RFC3339_LEN], want[512];
+    cancel_one_event(f, "ord-1", holds, 2, DEADLINE + 250, &seen, &seq, deadline,
+                     cancelled_at);
+    assert_int_equal(seen.seq[0], seq);
+    assert_string_equal(seen.event_id[0], "order.cancelled:ord-1");
+    /* The times are the stored ones (on PostgreSQL the server's cancel time). */
     snprintf(want, sizeof(want),
              "{\"event\":\"order.cancelled\",\"order_id\":\"ord-1\","
              "\"deadline\":\"%s\",\"cancelled_at\":\"%s\","
@@ -741,21 +750,11 @@ static void test_cancel_event_body_is_stored_as_written(void **state) {
                            "ctl\x01\x1f\x7f",  "caf\xc3\xa9", "\xe4\xb8\xad",
                            "\xf0\x9f\x98\x80", "slash/x",     "\\u0041"};
     size_t n_holds = sizeof holds / sizeof *holds;
-    assert_int_equal(insert(f->store, "ord-esc", DEADLINE, holds, n_holds), LAPSE_OK);
     int64_t seq = 0;
-    assert_int_equal(cancel(f->store, "ord-esc", DEADLINE + 7, &seq), LAPSE_CANCEL_DONE);
-    release_claims(f);
     seen_t seen = {0};
-    lapse_error_t err;
-    assert_int_equal(
-        lapse_store_events_pending(f->store, 10, NULL, 0, record_event, &seen, &err),
-        LAPSE_OK);
-    assert_int_equal(seen.n, 1);
-
     char deadline[LAPSE_RFC3339_LEN], cancelled_at[LAPSE_RFC3339_LEN];
-    lapse_time_format_rfc3339(DEADLINE, deadline);
-    lapse_time_format_rfc3339(query_int(f, "SELECT cancelled_at_ms FROM orders"),
-                              cancelled_at);
+    cancel_one_event(f, "ord-esc", holds, n_holds, DEADLINE + 7, &seen, &seq, deadline,
+                     cancelled_at);
     qsort(holds, n_holds, sizeof *holds, compare_strings); /* the store's order */
     json_t *names = json_array();
     for (size_t h = 0; h < n_holds; h++) {
