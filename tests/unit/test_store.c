@@ -692,7 +692,8 @@ static int record_event(void *opaque, const lapse_event_t *event) {
 }
 
 /* Records ORDER_ID with HOLDS, cancels it at CANCEL_AT and reads back its one pending
- * event into *seen; DEADLINE and the stored cancel time, formatted, into the buffers. */
+ * event into *seen (its seq into *seq unless NULL); DEADLINE and the stored cancel time,
+ * formatted, into the buffers. */
 static void cancel_one_event(fixture_t *f, const char *order_id, const char *const *holds,
                              size_t n_holds, int64_t cancel_at, seen_t *seen,
                              int64_t *seq, char deadline[LAPSE_RFC3339_LEN],
@@ -750,10 +751,9 @@ static void test_cancel_event_body_is_stored_as_written(void **state) {
                            "ctl\x01\x1f\x7f",  "caf\xc3\xa9", "\xe4\xb8\xad",
                            "\xf0\x9f\x98\x80", "slash/x",     "\\u0041"};
     size_t n_holds = sizeof holds / sizeof *holds;
-    int64_t seq = 0;
     seen_t seen = {0};
     char deadline[LAPSE_RFC3339_LEN], cancelled_at[LAPSE_RFC3339_LEN];
-    cancel_one_event(f, "ord-esc", holds, n_holds, DEADLINE + 7, &seen, &seq, deadline,
+    cancel_one_event(f, "ord-esc", holds, n_holds, DEADLINE + 7, &seen, NULL, deadline,
                      cancelled_at);
     qsort(holds, n_holds, sizeof *holds, compare_strings); /* the store's order */
     json_t *names = json_array();
