@@ -11,6 +11,7 @@
 #include <libpq-fe.h>
 
 #include "clock_int.h"
+#include "pq_api_int.h"
 #include "store_int.h"
 #include "store_pg_map_int.h"
 
@@ -72,7 +73,7 @@ static void first_line(const char *msg, char *out, size_t cap) {
 
 /* Every copy of uri's password in msg (a libpq message) becomes ***. */
 static void hide_password(const char *uri, char *msg) {
-    PQconninfoOption *opts = PQconninfoParse(uri, NULL);
+    PQconninfoOption *opts = lapse__pq.PQconninfoParse(uri, NULL);
     for (PQconninfoOption *o = opts; o != NULL && o->keyword != NULL; o++) {
         if (o->val == NULL || o->val[0] == '\0' ||
             (strcmp(o->keyword, "password") != 0 &&
@@ -84,16 +85,18 @@ static void hide_password(const char *uri, char *msg) {
             memset(at, '*', n);
         }
     }
-    PQconninfoFree(opts);
+    lapse__pq.PQconninfoFree(opts);
 }
 
 static lapse_status_t fail_result(pg_store_t *s, const PGresult *res, const char *what,
                                   lapse_error_t *err) {
-    const char *state = res != NULL ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : NULL;
+    const char *state =
+        res != NULL ? lapse__pq.PQresultErrorField(res, PG_DIAG_SQLSTATE) : NULL;
     char msg[512];
-    first_line(res != NULL ? PQresultErrorMessage(res) : PQerrorMessage(s->conn), msg,
-               sizeof msg);
-    if (res == NULL || PQstatus(s->conn) != CONNECTION_OK) {
+    first_line(res != NULL ? lapse__pq.PQresultErrorMessage(res)
+                           : lapse__pq.PQerrorMessage(s->conn),
+               msg, sizeof msg);
+    if (res == NULL || lapse__pq.PQstatus(s->conn) != CONNECTION_OK) {
         state = NULL;
     }
     return lapse_error_set(
@@ -124,11 +127,11 @@ static lapse_status_t connect_db(pg_store_t *s, lapse_error_t *err) {
      * ("invalid percent-encoded token: ..."): parse first, and say what is wrong
      * without the token. */
     char *parse_error = NULL;
-    PQconninfoOption *parsed = PQconninfoParse(s->uri, &parse_error);
+    PQconninfoOption *parsed = lapse__pq.PQconninfoParse(s->uri, &parse_error);
     if (parsed == NULL) {
         char msg[256];
         first_line(parse_error != NULL ? parse_error : "out of memory", msg, sizeof msg);
-        PQfreemem(parse_error);
+        lapse__pq.PQfreemem(parse_error);
         /* What libpq quotes becomes "...". */
         char shown[sizeof msg];
         size_t n = 0;
@@ -150,23 +153,23 @@ static lapse_status_t connect_db(pg_store_t *s, lapse_error_t *err) {
         return lapse_error_set(err, LAPSE_ERR_STORE_OPEN,
                                "PostgreSQL: the store URI does not parse: %s", shown);
     }
-    PQconninfoFree(parsed);
+    lapse__pq.PQconninfoFree(parsed);
     if (s->conn != NULL) {
-        PQfinish(s->conn);
+        lapse__pq.PQfinish(s->conn);
     }
-    s->conn = PQconnectdbParams(keys, values, 1);
+    s->conn = lapse__pq.PQconnectdbParams(keys, values, 1);
     if (s->conn == NULL) {
         return lapse_error_set(err, LAPSE_ERR_NOMEM, "PostgreSQL: out of memory");
     }
-    if (PQstatus(s->conn) != CONNECTION_OK) {
+    if (lapse__pq.PQstatus(s->conn) != CONNECTION_OK) {
         char msg[512];
-        first_line(PQerrorMessage(s->conn), msg, sizeof msg);
+        first_line(lapse__pq.PQerrorMessage(s->conn), msg, sizeof msg);
         hide_password(s->uri, msg);
         /* A server that is down, restarting or full is retriable; a URI libpq cannot
          * parse, a refused login or a missing database is not. */
         bool fatal =
-            PQconnectionNeedsPassword(s->conn) || strstr(msg, "invalid") != NULL ||
-            strstr(msg, "authentication") != NULL ||
+            lapse__pq.PQconnectionNeedsPassword(s->conn) ||
+            strstr(msg, "invalid") != NULL || strstr(msg, "authentication") != NULL ||
             strstr(msg, "does not exist") != NULL || strstr(msg, "password") != NULL;
         return lapse_error_set(err, fatal ? LAPSE_ERR_STORE_OPEN : LAPSE_ERR_STORE_BUSY,
                                "PostgreSQL: %s", msg);
@@ -178,7 +181,7 @@ static lapse_status_t connect_db(pg_store_t *s, lapse_error_t *err) {
  * replaced before the next statement; the statement that saw it break has already
  * failed as retriable, so no transaction is ever half replayed. */
 static lapse_status_t ensure_conn(pg_store_t *s, lapse_error_t *err) {
-    if (s->conn != NULL && PQstatus(s->conn) == CONNECTION_OK) {
+    if (s->conn != NULL && lapse__pq.PQstatus(s->conn) == CONNECTION_OK) {
         return LAPSE_OK;
     }
     return connect_db(s, err);
@@ -209,18 +212,18 @@ static lapse_status_t exec_v(pg_store_t *s, pg_stmt_id_t id, PGresult **out, int
         params = all;
         n += LAPSE__MAP_N_VALUES;
     }
-    PGresult *res = PQexecParams(s->conn, s->sql[id], n, s->mapped[id] ? types : NULL,
-                                 params, NULL, NULL, 0);
-    ExecStatusType st = res != NULL ? PQresultStatus(res) : PGRES_FATAL_ERROR;
+    PGresult *res = lapse__pq.PQexecParams(
+        s->conn, s->sql[id], n, s->mapped[id] ? types : NULL, params, NULL, NULL, 0);
+    ExecStatusType st = res != NULL ? lapse__pq.PQresultStatus(res) : PGRES_FATAL_ERROR;
     if (st != PGRES_COMMAND_OK && st != PGRES_TUPLES_OK) {
         lapse_status_t rc = fail_result(s, res, PG_STMT_NAME[id], err);
-        PQclear(res);
+        lapse__pq.PQclear(res);
         return rc;
     }
     if (out != NULL) {
         *out = res;
     } else {
-        PQclear(res);
+        lapse__pq.PQclear(res);
     }
     return LAPSE_OK;
 }
@@ -228,13 +231,13 @@ static lapse_status_t exec_v(pg_store_t *s, pg_stmt_id_t id, PGresult **out, int
 /* Simple-protocol commands (BEGIN with its settings, COMMIT, ROLLBACK, DDL). */
 static lapse_status_t exec_simple(pg_store_t *s, const char *sql, const char *what,
                                   lapse_error_t *err) {
-    PGresult *res = PQexec(s->conn, sql);
-    ExecStatusType st = res != NULL ? PQresultStatus(res) : PGRES_FATAL_ERROR;
+    PGresult *res = lapse__pq.PQexec(s->conn, sql);
+    ExecStatusType st = res != NULL ? lapse__pq.PQresultStatus(res) : PGRES_FATAL_ERROR;
     lapse_status_t rc = LAPSE_OK;
     if (st != PGRES_COMMAND_OK && st != PGRES_TUPLES_OK) {
         rc = fail_result(s, res, what, err);
     }
-    PQclear(res);
+    lapse__pq.PQclear(res);
     return rc;
 }
 
@@ -250,10 +253,10 @@ static lapse_status_t end(pg_store_t *s, lapse_status_t rc, lapse_error_t *err) 
     if (rc == LAPSE_OK) {
         return exec_simple(s, "COMMIT", "COMMIT", err);
     }
-    if (PQstatus(s->conn) == CONNECTION_OK &&
-        PQtransactionStatus(s->conn) != PQTRANS_IDLE) {
-        PGresult *res = PQexec(s->conn, "ROLLBACK");
-        PQclear(res);
+    if (lapse__pq.PQstatus(s->conn) == CONNECTION_OK &&
+        lapse__pq.PQtransactionStatus(s->conn) != PQTRANS_IDLE) {
+        PGresult *res = lapse__pq.PQexec(s->conn, "ROLLBACK");
+        lapse__pq.PQclear(res);
     }
     return rc;
 }
@@ -338,7 +341,9 @@ static const char *int_text(char buf[32], int64_t v) {
 }
 
 static int64_t col_int(const PGresult *res, int row, int col) {
-    return PQgetisnull(res, row, col) ? -1 : strtoll(PQgetvalue(res, row, col), NULL, 10);
+    return lapse__pq.PQgetisnull(res, row, col)
+               ? -1
+               : strtoll(lapse__pq.PQgetvalue(res, row, col), NULL, 10);
 }
 
 static lapse_status_t nomem(lapse_error_t *err, const char *what) {
@@ -389,7 +394,7 @@ static lapse_status_t pg_now(lapse_store_t *store, int64_t *now_ms, lapse_error_
         int64_t after = lapse__mono_ms();
         s->clock_server_ms = col_int(res, 0, 0);
         s->clock_mono_ms = mono + (after - mono) / 2;
-        PQclear(res);
+        lapse__pq.PQclear(res);
         mono = after;
     }
     *now_ms = s->clock_server_ms + (mono - s->clock_mono_ms);
@@ -470,7 +475,7 @@ static lapse_status_t pg_insert_orders(lapse_store_t *store,
     if (rc == LAPSE_OK) {
         rc = exec_v(s, PS_ORDERS_INSERT, &fresh, 3, params, err);
     }
-    if (rc == LAPSE_OK && (size_t)PQntuples(fresh) < ids.n) {
+    if (rc == LAPSE_OK && (size_t)lapse__pq.PQntuples(fresh) < ids.n) {
         rc = exec_v(s, PS_ORDERS_READ, &existing, 1, params, err);
     }
     /* New orders get their holds; an order that existed is judged by its row, like
@@ -480,8 +485,8 @@ static lapse_status_t pg_insert_orders(lapse_store_t *store,
             continue;
         }
         bool is_new = false;
-        for (int r = 0; !is_new && r < PQntuples(fresh); r++) {
-            is_new = strcmp(PQgetvalue(fresh, r, 0), orders[i].order_id) == 0;
+        for (int r = 0; !is_new && r < lapse__pq.PQntuples(fresh); r++) {
+            is_new = strcmp(lapse__pq.PQgetvalue(fresh, r, 0), orders[i].order_id) == 0;
         }
         /* An id given twice in one batch: the first is new, the second a re-publish. */
         for (size_t j = 0; is_new && j < i; j++) {
@@ -497,10 +502,12 @@ static lapse_status_t pg_insert_orders(lapse_store_t *store,
         lapse_order_t row;
         lapse_order_init(&row);
         bool found = false;
-        for (int r = 0; existing != NULL && !found && r < PQntuples(existing); r++) {
-            if (strcmp(PQgetvalue(existing, r, 0), orders[i].order_id) == 0) {
+        for (int r = 0; existing != NULL && !found && r < lapse__pq.PQntuples(existing);
+             r++) {
+            if (strcmp(lapse__pq.PQgetvalue(existing, r, 0), orders[i].order_id) == 0) {
                 found = true;
-                rc = lapse__order_status_parse(PQgetvalue(existing, r, 1), &row.status);
+                rc = lapse__order_status_parse(lapse__pq.PQgetvalue(existing, r, 1),
+                                               &row.status);
                 row.deadline_ms = col_int(existing, r, 2);
             }
         }
@@ -521,8 +528,8 @@ static lapse_status_t pg_insert_orders(lapse_store_t *store,
         rc = hp[0] && hp[1] ? exec_v(s, PS_HOLDS_INSERT, NULL, 2, hp, err)
                             : nomem(err, "insert_orders");
     }
-    PQclear(fresh);
-    PQclear(existing);
+    lapse__pq.PQclear(fresh);
+    lapse__pq.PQclear(existing);
     arr_free(&ids);
     arr_free(&deadlines);
     arr_free(&created);
@@ -553,9 +560,10 @@ static lapse_status_t read_order(pg_store_t *s, const char *order_id, lapse_orde
         return LAPSE_OK;
     }
     lapse_status_t rc = exec_v(s, PS_ORDER_GET, &res, 1, params, err);
-    *found = rc == LAPSE_OK && PQntuples(res) == 1;
+    *found = rc == LAPSE_OK && lapse__pq.PQntuples(res) == 1;
     if (*found) {
-        if (lapse__order_status_parse(PQgetvalue(res, 0, 0), &out->status) != LAPSE_OK) {
+        if (lapse__order_status_parse(lapse__pq.PQgetvalue(res, 0, 0), &out->status) !=
+            LAPSE_OK) {
             rc = lapse_error_set(err, LAPSE_ERR_STORE_SQL, "order %s: unknown status",
                                  order_id);
         }
@@ -564,11 +572,11 @@ static lapse_status_t read_order(pg_store_t *s, const char *order_id, lapse_orde
         out->paid_at_ms = col_int(res, 0, 3);
         out->cancelled_at_ms = col_int(res, 0, 4);
         out->scheduled = col_int(res, 0, 5) != 0;
-        if (rc == LAPSE_OK && !PQgetisnull(res, 0, 6)) {
-            rc = parse_holds(PQgetvalue(res, 0, 6), out, err);
+        if (rc == LAPSE_OK && !lapse__pq.PQgetisnull(res, 0, 6)) {
+            rc = parse_holds(lapse__pq.PQgetvalue(res, 0, 6), out, err);
         }
     }
-    PQclear(res);
+    lapse__pq.PQclear(res);
     return rc;
 }
 
@@ -582,8 +590,8 @@ static lapse_status_t pg_pay(lapse_store_t *store, const char *order_id, int64_t
     if (rc == LAPSE_OK && id_fits(s, order_id)) {
         rc = exec_v(s, PS_ORDER_PAY, &res, 1, params, err);
     }
-    bool paid = rc == LAPSE_OK && res != NULL && PQntuples(res) == 1;
-    PQclear(res);
+    bool paid = rc == LAPSE_OK && res != NULL && lapse__pq.PQntuples(res) == 1;
+    lapse__pq.PQclear(res);
     if (rc == LAPSE_OK && !paid) {
         lapse_order_t order;
         bool found = false;
@@ -640,13 +648,14 @@ static lapse_status_t pg_count(lapse_store_t *store, int64_t counts[3],
     if (rc == LAPSE_OK) {
         rc = exec_v(s, PS_ORDER_COUNT, &res, 0, NULL, err);
     }
-    for (int r = 0; rc == LAPSE_OK && r < PQntuples(res); r++) {
+    for (int r = 0; rc == LAPSE_OK && r < lapse__pq.PQntuples(res); r++) {
         lapse_order_status_t status;
-        if (lapse__order_status_parse(PQgetvalue(res, r, 0), &status) == LAPSE_OK) {
+        if (lapse__order_status_parse(lapse__pq.PQgetvalue(res, r, 0), &status) ==
+            LAPSE_OK) {
             counts[status] = col_int(res, r, 1);
         }
     }
-    PQclear(res);
+    lapse__pq.PQclear(res);
     return rc;
 }
 
@@ -684,13 +693,13 @@ static int first_row(const PGresult *res, int n, const char *id) {
     int lo = 0, hi = n;
     while (lo < hi) {
         int mid = lo + (hi - lo) / 2;
-        if (strcmp(PQgetvalue(res, mid, 0), id) < 0) {
+        if (strcmp(lapse__pq.PQgetvalue(res, mid, 0), id) < 0) {
             lo = mid + 1;
         } else {
             hi = mid;
         }
     }
-    return lo < n && strcmp(PQgetvalue(res, lo, 0), id) == 0 ? lo : n;
+    return lo < n && strcmp(lapse__pq.PQgetvalue(res, lo, 0), id) == 0 ? lo : n;
 }
 
 /* The events of the cancelled items: bodies built from each order's holds (HOLDS_OF,
@@ -706,7 +715,7 @@ static lapse_status_t record_events(pg_store_t *s, lapse_cancel_item_t *items, s
     arr_init(&ev_orders);
     arr_init(&ev_bodies);
     int row = 0;
-    int nrows = rc == LAPSE_OK ? PQntuples(holds) : 0;
+    int nrows = rc == LAPSE_OK ? lapse__pq.PQntuples(holds) : 0;
     for (size_t i = 0; rc == LAPSE_OK && i < n; i++) {
         lapse_cancel_item_t *it = &items[i];
         if (it->outcome != LAPSE_CANCEL_DONE) {
@@ -717,7 +726,9 @@ static lapse_status_t record_events(pg_store_t *s, lapse_cancel_item_t *items, s
         char **hold = names;
         size_t n_hold = 0, cap = sizeof names / sizeof names[0];
         for (row = first_row(holds, nrows, it->order_id);
-             row < nrows && strcmp(PQgetvalue(holds, row, 0), it->order_id) == 0; row++) {
+             row < nrows &&
+             strcmp(lapse__pq.PQgetvalue(holds, row, 0), it->order_id) == 0;
+             row++) {
             if (n_hold == cap) {
                 char **grown = malloc(2 * cap * sizeof(char *));
                 if (grown == NULL) {
@@ -731,7 +742,7 @@ static lapse_status_t record_events(pg_store_t *s, lapse_cancel_item_t *items, s
                 hold = grown;
                 cap *= 2;
             }
-            hold[n_hold++] = PQgetvalue(holds, row, 1);
+            hold[n_hold++] = lapse__pq.PQgetvalue(holds, row, 1);
         }
         char *body = rc == LAPSE_OK ? lapse__event_body(it->order_id, it->deadline_ms,
                                                         now, hold, n_hold)
@@ -761,14 +772,14 @@ static lapse_status_t record_events(pg_store_t *s, lapse_cancel_item_t *items, s
         rc = p4[0] && p4[1] && p4[2] ? exec_v(s, PS_EVENTS_INSERT, &ins, 5, p4, err)
                                      : nomem(err, "cancel: events");
     }
-    for (int r = 0; rc == LAPSE_OK && ins != NULL && r < PQntuples(ins); r++) {
-        size_t k = first_of(index, n, PQgetvalue(ins, r, 1));
+    for (int r = 0; rc == LAPSE_OK && ins != NULL && r < lapse__pq.PQntuples(ins); r++) {
+        size_t k = first_of(index, n, lapse__pq.PQgetvalue(ins, r, 1));
         if (k < n) {
             items[index[k].i].event_seq = col_int(ins, r, 0);
         }
     }
-    PQclear(holds);
-    PQclear(ins);
+    lapse__pq.PQclear(holds);
+    lapse__pq.PQclear(ins);
     arr_free(&ev_ids);
     arr_free(&ev_orders);
     arr_free(&ev_bodies);
@@ -814,13 +825,14 @@ static lapse_status_t pg_cancel_batch(lapse_store_t *store, lapse_cancel_item_t 
     for (size_t i = 0; i < n; i++) {
         items[i].now_ms = now;
     }
-    for (int r = 0; rc == LAPSE_OK && r < PQntuples(locked); r++) {
-        if (PQgetisnull(locked, r, 1)) {
+    for (int r = 0; rc == LAPSE_OK && r < lapse__pq.PQntuples(locked); r++) {
+        if (lapse__pq.PQgetisnull(locked, r, 1)) {
             continue; /* the one row of an empty lock set */
         }
-        const char *id = PQgetvalue(locked, r, 1);
+        const char *id = lapse__pq.PQgetvalue(locked, r, 1);
         lapse_order_status_t status;
-        if (lapse__order_status_parse(PQgetvalue(locked, r, 2), &status) != LAPSE_OK) {
+        if (lapse__order_status_parse(lapse__pq.PQgetvalue(locked, r, 2), &status) !=
+            LAPSE_OK) {
             rc =
                 lapse_error_set(err, LAPSE_ERR_STORE_SQL, "order %s: unknown status", id);
             break;
@@ -849,8 +861,8 @@ static lapse_status_t pg_cancel_batch(lapse_store_t *store, lapse_cancel_item_t 
     if (rc == LAPSE_OK && n_locked < n) {
         PGresult *exist = NULL;
         rc = exec_v(s, PS_ORDERS_EXIST, &exist, 1, p1, err);
-        for (int r = 0; rc == LAPSE_OK && r < PQntuples(exist); r++) {
-            const char *id = PQgetvalue(exist, r, 0);
+        for (int r = 0; rc == LAPSE_OK && r < lapse__pq.PQntuples(exist); r++) {
+            const char *id = lapse__pq.PQgetvalue(exist, r, 0);
             for (size_t k = first_of(index, n, id); k < n && strcmp(index[k].id, id) == 0;
                  k++) {
                 if (items[index[k].i].outcome == LAPSE_CANCEL_UNKNOWN) {
@@ -858,7 +870,7 @@ static lapse_status_t pg_cancel_batch(lapse_store_t *store, lapse_cancel_item_t 
                 }
             }
         }
-        PQclear(exist);
+        lapse__pq.PQclear(exist);
     }
     const char *due_lit = arr_end(&due);
     if (rc == LAPSE_OK && n_due > 0) {
@@ -867,14 +879,14 @@ static lapse_status_t pg_cancel_batch(lapse_store_t *store, lapse_cancel_item_t 
         PGresult *upd = NULL;
         rc = due_lit != NULL ? exec_v(s, PS_ORDERS_CANCEL, &upd, 2, p2, err)
                              : nomem(err, "cancel_batch");
-        if (rc == LAPSE_OK && strtoull(PQcmdTuples(upd), NULL, 10) != n_due) {
+        if (rc == LAPSE_OK && strtoull(lapse__pq.PQcmdTuples(upd), NULL, 10) != n_due) {
             /* Locked and checked above, so this cannot happen; if it ever does, nothing
              * is written rather than an event for an order that was not cancelled. */
             rc = lapse_error_set(err, LAPSE_ERR_STORE_SQL,
-                                 "cancel: %s of %zu rows changed", PQcmdTuples(upd),
-                                 n_due);
+                                 "cancel: %s of %zu rows changed",
+                                 lapse__pq.PQcmdTuples(upd), n_due);
         }
-        PQclear(upd);
+        lapse__pq.PQclear(upd);
         if (rc == LAPSE_OK) {
             rc = exec_v(s, PS_HOLDS_RELEASE, NULL, 2, p2, err);
         }
@@ -889,7 +901,7 @@ static lapse_status_t pg_cancel_batch(lapse_store_t *store, lapse_cancel_item_t 
             rc = record_events(s, items, n, index, due_lit, now, err);
         }
     }
-    PQclear(locked);
+    lapse__pq.PQclear(locked);
     arr_free(&ids);
     arr_free(&due);
     free(index);
@@ -933,11 +945,13 @@ static lapse_status_t pg_events_pending(lapse_store_t *store, size_t limit,
                             int_text(claim, LAPSE_STORE_EVENT_CLAIM_MS)};
         rc = exec_v(s, PS_EVENTS_CLAIM, &res, 2, p, err);
     }
-    for (int r = 0; rc == LAPSE_OK && r < PQntuples(res) && out->n < limit; r++) {
-        if (!lapse__event_list_add(out, col_int(res, r, 0), PQgetvalue(res, r, 1),
-                                   (size_t)PQgetlength(res, r, 1), PQgetvalue(res, r, 2),
-                                   (size_t)PQgetlength(res, r, 2), PQgetvalue(res, r, 3),
-                                   (size_t)PQgetlength(res, r, 3))) {
+    for (int r = 0; rc == LAPSE_OK && r < lapse__pq.PQntuples(res) && out->n < limit;
+         r++) {
+        if (!lapse__event_list_add(
+                out, col_int(res, r, 0), lapse__pq.PQgetvalue(res, r, 1),
+                (size_t)lapse__pq.PQgetlength(res, r, 1), lapse__pq.PQgetvalue(res, r, 2),
+                (size_t)lapse__pq.PQgetlength(res, r, 2), lapse__pq.PQgetvalue(res, r, 3),
+                (size_t)lapse__pq.PQgetlength(res, r, 3))) {
             rc = nomem(err, "reading events");
         }
     }
@@ -945,7 +959,7 @@ static lapse_status_t pg_events_pending(lapse_store_t *store, size_t limit,
     if (rc == LAPSE_OK && out->n > 1) {
         qsort(out->items, out->n, sizeof(out->items[0]), by_seq);
     }
-    PQclear(res);
+    lapse__pq.PQclear(res);
     arr_free(&list);
     return rc;
 }
@@ -985,7 +999,7 @@ static lapse_status_t pg_events_count(lapse_store_t *store, int64_t *pending,
     if (rc == LAPSE_OK) {
         *pending = col_int(res, 0, 0);
     }
-    PQclear(res);
+    lapse__pq.PQclear(res);
     return rc;
 }
 
@@ -1031,37 +1045,39 @@ static lapse_status_t pg_pending_page(lapse_store_t *store,
         rc = exec_v(s, id, &res, claiming ? 7 : 6, p, err);
     }
     s->cursor_ts[0] = '\0';
-    int rows = rc == LAPSE_OK ? PQntuples(res) : 0;
+    int rows = rc == LAPSE_OK ? lapse__pq.PQntuples(res) : 0;
     if (s->map != NULL && rows > 0) {
         snprintf(s->cursor_exact, sizeof s->cursor_exact, "%s",
-                 PQgetvalue(res, rows - 1, 5));
-        snprintf(s->cursor_id, sizeof s->cursor_id, "%s", PQgetvalue(res, rows - 1, 0));
+                 lapse__pq.PQgetvalue(res, rows - 1, 5));
+        snprintf(s->cursor_id, sizeof s->cursor_id, "%s",
+                 lapse__pq.PQgetvalue(res, rows - 1, 0));
         s->cursor_ms = col_int(res, rows - 1, 1);
     }
     for (int r = 0; rc == LAPSE_OK && r < rows && page->n < page->cap; r++) {
         lapse_order_t *order = &page->items[page->n];
-        size_t len = (size_t)PQgetlength(res, r, 0);
-        if (s->map != NULL && !lapse_order_id_is_valid(PQgetvalue(res, r, 0), len)) {
+        size_t len = (size_t)lapse__pq.PQgetlength(res, r, 0);
+        if (s->map != NULL &&
+            !lapse_order_id_is_valid(lapse__pq.PQgetvalue(res, r, 0), len)) {
             continue; /* a shop's id lapse could never publish: not its business */
         }
         if (len > LAPSE_ORDER_ID_MAX) {
             rc = lapse_error_set(err, LAPSE_ERR_STORE_SQL, "pending: bad order id");
             break;
         }
-        memcpy(order->order_id, PQgetvalue(res, r, 0), len + 1);
+        memcpy(order->order_id, lapse__pq.PQgetvalue(res, r, 0), len + 1);
         order->status = LAPSE_ORDER_PENDING;
         order->deadline_ms = col_int(res, r, 1);
         order->created_at_ms = col_int(res, r, 2);
         order->scheduled = col_int(res, r, 3) != 0;
         page->n++;
-        if (!PQgetisnull(res, r, 4)) {
-            rc = parse_holds(PQgetvalue(res, r, 4), order, err);
+        if (!lapse__pq.PQgetisnull(res, r, 4)) {
+            rc = parse_holds(lapse__pq.PQgetvalue(res, r, 4), order, err);
         }
     }
     if (rc == LAPSE_OK && claiming && s->map == NULL && page->n > 1) {
         qsort(page->items, page->n, sizeof(page->items[0]), by_deadline_id);
     }
-    PQclear(res);
+    lapse__pq.PQclear(res);
     return rc;
 }
 
@@ -1083,11 +1099,11 @@ static lapse_status_t pg_prune(lapse_store_t *store, int64_t before_ms, int64_t 
         rc = exec_v(s, PS_PRUNE_EVENTS, &e, 2, p, err);
     }
     if (rc == LAPSE_OK) {
-        *orders = strtoll(PQcmdTuples(o), NULL, 10);
-        *events = strtoll(PQcmdTuples(e), NULL, 10);
+        *orders = strtoll(lapse__pq.PQcmdTuples(o), NULL, 10);
+        *events = strtoll(lapse__pq.PQcmdTuples(e), NULL, 10);
     }
-    PQclear(o);
-    PQclear(e);
+    lapse__pq.PQclear(o);
+    lapse__pq.PQclear(e);
     return end(s, rc, err);
 }
 
@@ -1123,7 +1139,7 @@ static void pg_close(lapse_store_t *store) {
         free(s->sql[i]);
     }
     if (s->conn != NULL) {
-        PQfinish(s->conn);
+        lapse__pq.PQfinish(s->conn);
     }
     lapse__pg_map_free(s->map);
     free(s->uri);
@@ -1140,27 +1156,27 @@ static lapse_status_t schema_version(pg_store_t *s, const char *quoted, int *ver
         LAPSE_OK) {
         return nomem(err, "schema");
     }
-    PGresult *res = PQexec(s->conn, sql);
+    PGresult *res = lapse__pq.PQexec(s->conn, sql);
     free(sql);
     lapse_status_t rc = LAPSE_OK;
-    if (PQresultStatus(res) != PGRES_TUPLES_OK) {
+    if (lapse__pq.PQresultStatus(res) != PGRES_TUPLES_OK) {
         rc = fail_result(s, res, "schema", err);
-    } else if (strcmp(PQgetvalue(res, 0, 0), "t") == 0) {
-        PQclear(res);
+    } else if (strcmp(lapse__pq.PQgetvalue(res, 0, 0), "t") == 0) {
+        lapse__pq.PQclear(res);
         res = NULL;
         if (expand(quoted, "SELECT coalesce(max(version), 0) FROM @.lapse_schema",
                    &sql) != LAPSE_OK) {
             return nomem(err, "schema");
         }
-        res = PQexec(s->conn, sql);
+        res = lapse__pq.PQexec(s->conn, sql);
         free(sql);
-        if (PQresultStatus(res) != PGRES_TUPLES_OK) {
+        if (lapse__pq.PQresultStatus(res) != PGRES_TUPLES_OK) {
             rc = fail_result(s, res, "schema version", err);
         } else {
             *version = (int)col_int(res, 0, 0);
         }
     }
-    PQclear(res);
+    lapse__pq.PQclear(res);
     return rc;
 }
 
@@ -1186,14 +1202,14 @@ static lapse_status_t migrate(pg_store_t *s, const char *quoted, bool must_exist
                                s->schema);
     }
     buf_t b = {.ok = true};
-    char *lock = PQescapeLiteral(s->conn, s->schema, strlen(s->schema));
+    char *lock = lapse__pq.PQescapeLiteral(s->conn, s->schema, strlen(s->schema));
     buf_str(&b, PG_BEGIN);
     buf_str(&b, "; SELECT pg_advisory_xact_lock(hashtextextended('lapse.schema:' || ");
     buf_str(&b, lock != NULL ? lock : "''");
     buf_str(&b, ", 0)); CREATE SCHEMA IF NOT EXISTS ");
     buf_str(&b, quoted);
     buf_str(&b, "; CREATE TABLE IF NOT EXISTS @.lapse_schema (version integer NOT NULL)");
-    PQfreemem(lock);
+    lapse__pq.PQfreemem(lock);
     char *sql = NULL;
     rc = b.ok && expand(quoted, b.p, &sql) == LAPSE_OK
              ? exec_simple(s, sql, "schema lock", err)
@@ -1272,6 +1288,9 @@ static char *statement_template(pg_store_t *s, int i) {
 lapse_store_t *lapse__store_pg_open(const char *uri, const char *schema,
                                     const char *orders_map, unsigned flags,
                                     lapse_status_t *rc, lapse_error_t *err) {
+    if ((*rc = lapse__pq_load(err)) != LAPSE_OK) {
+        return NULL;
+    }
     pg_store_t *s = calloc(1, sizeof(*s));
     if (s == NULL || (s->uri = strdup(uri)) == NULL ||
         (s->schema = strdup(schema)) == NULL) {
@@ -1285,7 +1304,7 @@ lapse_store_t *lapse__store_pg_open(const char *uri, const char *schema,
         pg_close(&s->base);
         return NULL;
     }
-    char *quoted = PQescapeIdentifier(s->conn, schema, strlen(schema));
+    char *quoted = lapse__pq.PQescapeIdentifier(s->conn, schema, strlen(schema));
     if (quoted == NULL) {
         *rc = nomem(err, "opening the store");
         pg_close(&s->base);
@@ -1310,7 +1329,7 @@ lapse_store_t *lapse__store_pg_open(const char *uri, const char *schema,
         }
         free(tmpl);
     }
-    PQfreemem(quoted);
+    lapse__pq.PQfreemem(quoted);
     if (*rc != LAPSE_OK) {
         pg_close(&s->base);
         return NULL;

@@ -9,6 +9,8 @@
 
 #include "store_pg_map_int.h"
 
+#include "pq_api_int.h"
+
 #define OID_TIMESTAMPTZ 1184
 #define OID_TEXT        25
 #define OID_TEXT_ARRAY  1009
@@ -18,10 +20,10 @@
 
 /* Copies the quoted identifier of name into out ("" on failure: out of memory). */
 static bool quote(PGconn *conn, const char *name, char *out, size_t cap) {
-    char *q = PQescapeIdentifier(conn, name, strlen(name));
+    char *q = lapse__pq.PQescapeIdentifier(conn, name, strlen(name));
     bool ok = q != NULL && strlen(q) < cap;
     snprintf(out, cap, "%s", ok ? q : "");
-    PQfreemem(q);
+    lapse__pq.PQfreemem(q);
     return ok;
 }
 
@@ -68,7 +70,7 @@ typedef struct column {
 static lapse_status_t find_column(PGconn *conn, const char *table_oid, const char *name,
                                   column_t *out, lapse_error_t *err) {
     const char *params[2] = {table_oid, name};
-    PGresult *res = PQexecParams(
+    PGresult *res = lapse__pq.PQexecParams(
         conn,
         "SELECT a.atttypid, format_type(a.atttypid, a.atttypmod), t.typtype, "
         "t.typcategory,"
@@ -78,18 +80,19 @@ static lapse_status_t find_column(PGconn *conn, const char *table_oid, const cha
         2, NULL, params, NULL, NULL, 0);
     lapse_status_t rc = LAPSE_OK;
     memset(out, 0, sizeof *out);
-    if (PQresultStatus(res) != PGRES_TUPLES_OK) {
+    if (lapse__pq.PQresultStatus(res) != PGRES_TUPLES_OK) {
         rc = lapse_error_set(err, LAPSE_ERR_STORE_OPEN, "orders map: reading columns: %s",
-                             PQresultErrorMessage(res));
-    } else if (PQntuples(res) == 1) {
+                             lapse__pq.PQresultErrorMessage(res));
+    } else if (lapse__pq.PQntuples(res) == 1) {
         out->found = true;
-        out->type = (Oid)strtoul(PQgetvalue(res, 0, 0), NULL, 10);
-        snprintf(out->type_name, sizeof out->type_name, "%s", PQgetvalue(res, 0, 1));
-        out->typtype = PQgetvalue(res, 0, 2)[0];
-        out->category = PQgetvalue(res, 0, 3)[0];
-        out->attnum = atoi(PQgetvalue(res, 0, 4));
+        out->type = (Oid)strtoul(lapse__pq.PQgetvalue(res, 0, 0), NULL, 10);
+        snprintf(out->type_name, sizeof out->type_name, "%s",
+                 lapse__pq.PQgetvalue(res, 0, 1));
+        out->typtype = lapse__pq.PQgetvalue(res, 0, 2)[0];
+        out->category = lapse__pq.PQgetvalue(res, 0, 3)[0];
+        out->attnum = atoi(lapse__pq.PQgetvalue(res, 0, 4));
     }
-    PQclear(res);
+    lapse__pq.PQclear(res);
     return rc;
 }
 
@@ -130,20 +133,21 @@ static lapse_status_t check_enum_values(PGconn *conn, const lapse__pg_map_t *m,
     lapse_status_t rc = LAPSE_OK;
     for (size_t i = 0; rc == LAPSE_OK && i < n; i++) {
         const char *params[2] = {oid, values[i]};
-        PGresult *res = PQexecParams(conn,
-                                     "SELECT 1 FROM pg_catalog.pg_enum WHERE enumtypid ="
-                                     " $1::oid AND enumlabel = $2",
-                                     2, NULL, params, NULL, NULL, 0);
-        if (PQresultStatus(res) != PGRES_TUPLES_OK) {
+        PGresult *res =
+            lapse__pq.PQexecParams(conn,
+                                   "SELECT 1 FROM pg_catalog.pg_enum WHERE enumtypid ="
+                                   " $1::oid AND enumlabel = $2",
+                                   2, NULL, params, NULL, NULL, 0);
+        if (lapse__pq.PQresultStatus(res) != PGRES_TUPLES_OK) {
             rc =
                 lapse_error_set(err, LAPSE_ERR_STORE_OPEN, "orders map: reading enum: %s",
-                                PQresultErrorMessage(res));
-        } else if (PQntuples(res) == 0) {
+                                lapse__pq.PQresultErrorMessage(res));
+        } else if (lapse__pq.PQntuples(res) == 0) {
             rc = lapse_error_set(err, LAPSE_ERR_CONFIG_MAP,
                                  "orders map: status value \"%s\" is not a label of %s",
                                  values[i], col->type_name);
         }
-        PQclear(res);
+        lapse__pq.PQclear(res);
     }
     return rc;
 }
@@ -152,12 +156,12 @@ static lapse_status_t check_enum_values(PGconn *conn, const lapse__pg_map_t *m,
 static lapse_status_t check_on_cancel(PGconn *conn, const lapse__pg_map_t *m,
                                       lapse_error_t *err) {
     for (size_t i = 0; i < m->map.n_on_cancel; i++) {
-        PGresult *res = PQprepare(conn, "", m->map.on_cancel[i], 1, &m->id_oid);
-        bool ok = PQresultStatus(res) == PGRES_COMMAND_OK;
+        PGresult *res = lapse__pq.PQprepare(conn, "", m->map.on_cancel[i], 1, &m->id_oid);
+        bool ok = lapse__pq.PQresultStatus(res) == PGRES_COMMAND_OK;
         char msg[400];
-        snprintf(msg, sizeof msg, "%s", ok ? "" : PQresultErrorMessage(res));
+        snprintf(msg, sizeof msg, "%s", ok ? "" : lapse__pq.PQresultErrorMessage(res));
         msg[strcspn(msg, "\n")] = '\0';
-        PQclear(res);
+        lapse__pq.PQclear(res);
         if (!ok) {
             return lapse_error_set(
                 err, LAPSE_ERR_CONFIG_MAP,
@@ -173,25 +177,26 @@ static void check_index(PGconn *conn, lapse__pg_map_t *m, const char *table_oid,
     char attnum[16];
     snprintf(attnum, sizeof attnum, "%d", dl->attnum);
     const char *params[2] = {table_oid, attnum};
-    PGresult *res =
-        PQexecParams(conn,
-                     "SELECT 1 FROM pg_catalog.pg_index WHERE indrelid = $1::oid"
-                     " AND indkey[0] = $2::int2",
-                     2, NULL, params, NULL, NULL, 0);
-    if (PQresultStatus(res) == PGRES_TUPLES_OK && PQntuples(res) == 0) {
+    PGresult *res = lapse__pq.PQexecParams(
+        conn,
+        "SELECT 1 FROM pg_catalog.pg_index WHERE indrelid = $1::oid"
+        " AND indkey[0] = $2::int2",
+        2, NULL, params, NULL, NULL, 0);
+    if (lapse__pq.PQresultStatus(res) == PGRES_TUPLES_OK &&
+        lapse__pq.PQntuples(res) == 0) {
         snprintf(m->warning, sizeof m->warning,
                  "orders map: no index of %s starts with %s, which sweeps walk pending "
                  "orders by; create one: CREATE INDEX ON %s (%s)",
                  m->table_name, m->map.deadline, m->table_name, m->map.deadline);
     }
-    PQclear(res);
+    lapse__pq.PQclear(res);
 }
 
 static lapse_status_t find_table(PGconn *conn, lapse__pg_map_t *m, char *oid, size_t cap,
                                  lapse_error_t *err) {
     const lapse__orders_map_t *map = &m->map;
     const char *params[2] = {map->table, map->table_schema};
-    PGresult *res = PQexecParams(
+    PGresult *res = lapse__pq.PQexecParams(
         conn,
         "SELECT c.oid, n.nspname FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace "
         "n"
@@ -199,25 +204,25 @@ static lapse_status_t find_table(PGconn *conn, lapse__pg_map_t *m, char *oid, si
         " AND (n.nspname = $2 OR ($2 = '' AND pg_catalog.pg_table_is_visible(c.oid)))",
         2, NULL, params, NULL, NULL, 0);
     lapse_status_t rc = LAPSE_OK;
-    if (PQresultStatus(res) != PGRES_TUPLES_OK) {
+    if (lapse__pq.PQresultStatus(res) != PGRES_TUPLES_OK) {
         rc = lapse_error_set(err, LAPSE_ERR_STORE_OPEN, "orders map: reading tables: %s",
-                             PQresultErrorMessage(res));
-    } else if (PQntuples(res) != 1) {
+                             lapse__pq.PQresultErrorMessage(res));
+    } else if (lapse__pq.PQntuples(res) != 1) {
         rc = lapse_error_set(err, LAPSE_ERR_CONFIG_MAP,
                              "orders map: table %s%s%s does not exist", map->table_schema,
                              map->table_schema[0] != '\0' ? "." : "", map->table);
     } else {
-        snprintf(oid, cap, "%s", PQgetvalue(res, 0, 0));
+        snprintf(oid, cap, "%s", lapse__pq.PQgetvalue(res, 0, 0));
         char schema[140], name[140];
-        if (!quote(conn, PQgetvalue(res, 0, 1), schema, sizeof schema) ||
+        if (!quote(conn, lapse__pq.PQgetvalue(res, 0, 1), schema, sizeof schema) ||
             !quote(conn, map->table, name, sizeof name)) {
             rc = lapse_error_set(err, LAPSE_ERR_NOMEM, "orders map");
         }
         snprintf(m->table, sizeof m->table, "%s.%s AS o", schema, name);
-        snprintf(m->table_name, sizeof m->table_name, "%s.%s", PQgetvalue(res, 0, 1),
-                 map->table);
+        snprintf(m->table_name, sizeof m->table_name, "%s.%s",
+                 lapse__pq.PQgetvalue(res, 0, 1), map->table);
     }
-    PQclear(res);
+    lapse__pq.PQclear(res);
     return rc;
 }
 
@@ -436,18 +441,18 @@ lapse_status_t lapse__pg_map_on_cancel(PGconn *conn, const lapse__pg_map_t *m,
                                        const char *order_id, lapse_error_t *err) {
     for (size_t i = 0; i < m->map.n_on_cancel; i++) {
         const char *params[1] = {order_id};
-        PGresult *res =
-            PQexecParams(conn, m->map.on_cancel[i], 1, &m->id_oid, params, NULL, NULL, 0);
-        ExecStatusType st = PQresultStatus(res);
+        PGresult *res = lapse__pq.PQexecParams(conn, m->map.on_cancel[i], 1, &m->id_oid,
+                                               params, NULL, NULL, 0);
+        ExecStatusType st = lapse__pq.PQresultStatus(res);
         if (st != PGRES_COMMAND_OK && st != PGRES_TUPLES_OK) {
             /* Copied out before the result is freed. */
-            const char *field = PQresultErrorField(res, PG_DIAG_SQLSTATE);
+            const char *field = lapse__pq.PQresultErrorField(res, PG_DIAG_SQLSTATE);
             char state[8] = "";
             snprintf(state, sizeof state, "%s", field != NULL ? field : "");
             char msg[400];
-            snprintf(msg, sizeof msg, "%s", PQresultErrorMessage(res));
+            snprintf(msg, sizeof msg, "%s", lapse__pq.PQresultErrorMessage(res));
             msg[strcspn(msg, "\n")] = '\0';
-            PQclear(res);
+            lapse__pq.PQclear(res);
             /* Connection trouble, a lock or deadlock: worth another try soon. */
             bool retriable = state[0] == '\0' || strncmp(state, "08", 2) == 0 ||
                              strncmp(state, "40", 2) == 0 ||
@@ -458,7 +463,7 @@ lapse_status_t lapse__pg_map_on_cancel(PGconn *conn, const lapse__pg_map_t *m,
                 "on_cancel statement %zu for order %s: %s%s%s", i + 1, order_id, msg,
                 state[0] != '\0' ? " SQLSTATE " : "", state);
         }
-        PQclear(res);
+        lapse__pq.PQclear(res);
     }
     return LAPSE_OK;
 }

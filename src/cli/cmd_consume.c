@@ -53,7 +53,9 @@ int cmd_consume(cli_t *cli, int argc, char **argv) {
     volatile sig_atomic_t *stop = cli_install_stop_handlers();
     /* Under systemd (Type=notify): READY=1 once subscribed, the watchdog, STOPPING=1. */
     cli_notify_t notify;
-    cli_notify_init(&notify);
+    if (!cli_notify_init(&notify)) {
+        return CLI_EXIT_FAILED;
+    }
     int code = CLI_EXIT_OK;
     cli_metrics_t *metrics = cli_metrics_start(cli, &code); /* --metrics-listen */
     lapse_store_t *store =

@@ -2,10 +2,13 @@
  * consume --metrics-listen: libmicrohttpd serves GET /metrics (the registry rendered by
  * src/metrics.c) and GET /healthz on its own thread. The listening socket is opened
  * here, so that a port in use or a host that does not resolve is one clear line and
- * exit 1 before the consumer starts, and so that port 0 logs the port it got. */
+ * exit 1 before the consumer starts, and so that port 0 logs the port it got.
+ * libmicrohttpd (and the GnuTLS it brings) is loaded only here, when --metrics-listen
+ * is given (src/dynlib.c). */
 #include "metrics_http.h"
 
 #include "config_int.h"
+#include "dynlib_int.h"
 
 #include <errno.h>
 #include <microhttpd.h>
@@ -16,6 +19,29 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#define CLI_MHD_SYMS(X)                                                                  \
+    X(MHD_add_response_header)                                                           \
+    X(MHD_create_response_from_buffer)                                                   \
+    X(MHD_destroy_response)                                                              \
+    X(MHD_queue_response)                                                                \
+    X(MHD_start_daemon)                                                                  \
+    X(MHD_stop_daemon)
+
+static struct {
+#define CLI_MHD_FIELD_(name) __typeof__(&name) name;
+    CLI_MHD_SYMS(CLI_MHD_FIELD_)
+#undef CLI_MHD_FIELD_
+} mhd;
+
+static const lapse__dynsym_t mhd_syms[] = {
+#define CLI_MHD_SYM_(name) {#name, (void **)&mhd.name},
+    CLI_MHD_SYMS(CLI_MHD_SYM_)
+#undef CLI_MHD_SYM_
+};
+
+static lapse__dynlib_t libmicrohttpd =
+    LAPSE__DYNLIB_INIT(LAPSE_LIBMICROHTTPD_SONAME, mhd_syms);
+
 struct cli_metrics {
     lapse__metrics_t *registry;
     struct MHD_Daemon *daemon;
@@ -25,18 +51,18 @@ static enum MHD_Result reply(struct MHD_Connection *conn, unsigned status, char 
                              size_t len, const char *type) {
     /* body is malloc'd; the response frees it. */
     struct MHD_Response *resp =
-        MHD_create_response_from_buffer(len, body, MHD_RESPMEM_MUST_FREE);
+        mhd.MHD_create_response_from_buffer(len, body, MHD_RESPMEM_MUST_FREE);
     if (resp == NULL) {
         free(body);
         return MHD_NO;
     }
-    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, type);
-    MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-store");
+    mhd.MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, type);
+    mhd.MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-store");
     if (status == MHD_HTTP_METHOD_NOT_ALLOWED) {
-        MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, "GET, HEAD");
+        mhd.MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, "GET, HEAD");
     }
-    enum MHD_Result ret = MHD_queue_response(conn, status, resp);
-    MHD_destroy_response(resp);
+    enum MHD_Result ret = mhd.MHD_queue_response(conn, status, resp);
+    mhd.MHD_destroy_response(resp);
     return ret;
 }
 
@@ -169,6 +195,12 @@ cli_metrics_t *cli_metrics_start(cli_t *cli, int *code) {
     if (listen_text == NULL || listen_text[0] == '\0') {
         return NULL;
     }
+    lapse_error_t err = {0};
+    if (lapse__dynlib_load(&libmicrohttpd, LAPSE_ERR_IO, &err) != LAPSE_OK) {
+        cli_errorf("metrics: %s", err.text);
+        *code = CLI_EXIT_FAILED;
+        return NULL;
+    }
     int family = AF_INET;
     int fd = listen_on(listen_text, &family);
     if (fd < 0) {
@@ -190,7 +222,7 @@ cli_metrics_t *cli_metrics_start(cli_t *cli, int *code) {
      * KB of text, so one thread is plenty. Connections idle for 10 s are closed. */
     unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO |
                      (family == AF_INET6 ? MHD_USE_IPv6 : 0);
-    metrics->daemon = MHD_start_daemon(
+    metrics->daemon = mhd.MHD_start_daemon(
         flags, 0, NULL, NULL, on_request, metrics, MHD_OPTION_LISTEN_SOCKET,
         (MHD_socket)fd, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)10,
         MHD_OPTION_CONNECTION_LIMIT, (unsigned)64, MHD_OPTION_END);
@@ -218,7 +250,7 @@ void cli_metrics_stop(cli_metrics_t *metrics) {
     }
     if (metrics->daemon != NULL) {
         /* Joins the server's thread; it closes the listening socket it was given. */
-        MHD_stop_daemon(metrics->daemon);
+        mhd.MHD_stop_daemon(metrics->daemon);
     }
     lapse__metrics_free(metrics->registry);
     free(metrics);

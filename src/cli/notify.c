@@ -1,6 +1,8 @@
 /* SPDX-License-Identifier: MIT
  * systemd notifications for `lapse consume` (Type=notify units), through libsystemd's
- * sd_notify. Without NOTIFY_SOCKET every function returns at once.
+ * sd_notify. Without NOTIFY_SOCKET every function returns at once, and libsystemd is
+ * never loaded (src/dynlib.c: it and its compression and crypto libraries stay out of
+ * a consumer that no systemd runs).
  *
  * The watchdog is fed while the consume loop turns, whether it is consuming or waiting
  * out a reconnect backoff: a broker outage is not something a restart fixes (the new
@@ -8,6 +10,9 @@
  * the sweep's direct cancels from the store. What the watchdog catches is a loop that
  * no longer turns. Whether the broker is reachable is the health check's question. */
 #include "notify.h"
+
+#include "cli.h"
+#include "dynlib_int.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,16 +26,38 @@ static int64_t mono_ms(void) {
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-void cli_notify_init(cli_notify_t *n) {
+static struct {
+    __typeof__(&sd_notify) sd_notify;
+    __typeof__(&sd_watchdog_enabled) sd_watchdog_enabled;
+} sd;
+
+static const lapse__dynsym_t sd_syms[] = {
+    {"sd_notify", (void **)&sd.sd_notify},
+    {"sd_watchdog_enabled", (void **)&sd.sd_watchdog_enabled},
+};
+
+static lapse__dynlib_t libsystemd = LAPSE__DYNLIB_INIT(LAPSE_LIBSYSTEMD_SONAME, sd_syms);
+
+bool cli_notify_init(cli_notify_t *n) {
     memset(n, 0, sizeof *n);
     const char *socket = getenv("NOTIFY_SOCKET");
-    n->on = socket != NULL && socket[0] != '\0';
+    if (socket == NULL || socket[0] == '\0') {
+        return true;
+    }
+    lapse_error_t err = {0};
+    if (lapse__dynlib_load(&libsystemd, LAPSE_ERR_IO, &err) != LAPSE_OK) {
+        /* A Type=notify unit would wait for a READY=1 that never comes. */
+        cli_errorf("NOTIFY_SOCKET is set, but %s", err.text);
+        return false;
+    }
+    n->on = true;
     uint64_t usec = 0;
     /* > 0 only when WATCHDOG_USEC is set and WATCHDOG_PID, if set, is this process. */
-    if (n->on && sd_watchdog_enabled(0, &usec) > 0) {
+    if (sd.sd_watchdog_enabled(0, &usec) > 0) {
         n->watchdog_ms = (int64_t)(usec / 1000);
         n->watchdog_ms = n->watchdog_ms > 0 ? n->watchdog_ms : 1;
     }
+    return true;
 }
 
 void cli_notify_status(cli_notify_t *n, const char *text) {
@@ -52,7 +79,7 @@ void cli_notify_status(cli_notify_t *n, const char *text) {
     memcpy(n->status, line, sizeof line);
     char msg[sizeof n->status + 8];
     snprintf(msg, sizeof msg, "STATUS=%s", n->status);
-    sd_notify(0, msg);
+    sd.sd_notify(0, msg);
 }
 
 void cli_notify_alive(cli_notify_t *n) {
@@ -64,7 +91,7 @@ void cli_notify_alive(cli_notify_t *n) {
         return;
     }
     n->pinged_at = now;
-    sd_notify(0, "WATCHDOG=1");
+    sd.sd_notify(0, "WATCHDOG=1");
 }
 
 void cli_notify_stopping(cli_notify_t *n) {
@@ -73,7 +100,7 @@ void cli_notify_stopping(cli_notify_t *n) {
     }
     n->stopping = true;
     snprintf(n->status, sizeof n->status, "stopping: finishing the deliveries in hand");
-    sd_notify(0, "STOPPING=1\nSTATUS=stopping: finishing the deliveries in hand");
+    sd.sd_notify(0, "STOPPING=1\nSTATUS=stopping: finishing the deliveries in hand");
 }
 
 void cli_notify_consumer_state(void *opaque, lapse_consumer_state_t state,
@@ -92,7 +119,7 @@ void cli_notify_consumer_state(void *opaque, lapse_consumer_state_t state,
                 snprintf(n->status, sizeof n->status, "%s", text);
                 char msg[sizeof text + 24];
                 snprintf(msg, sizeof msg, "READY=1\nSTATUS=%s", text);
-                sd_notify(0, msg);
+                sd.sd_notify(0, msg);
             }
             cli_notify_status(n, text);
             break;

@@ -18,8 +18,10 @@ typedef struct cli_notify {
     char status[200];    /* the last STATUS= sent */
 } cli_notify_t;
 
-/** Read NOTIFY_SOCKET and, through sd_watchdog_enabled, WATCHDOG_USEC/WATCHDOG_PID. */
-void cli_notify_init(cli_notify_t *n);
+/** Read NOTIFY_SOCKET and, through sd_watchdog_enabled, WATCHDOG_USEC/WATCHDOG_PID;
+ *  libsystemd is loaded only when NOTIFY_SOCKET is set. false, after saying why on
+ *  stderr, when it is set and libsystemd cannot be loaded. */
+bool cli_notify_init(cli_notify_t *n);
 
 /** STATUS=<text>, sent only when it differs from the last one. */
 void cli_notify_status(cli_notify_t *n, const char *text);
