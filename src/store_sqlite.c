@@ -1089,11 +1089,19 @@ lapse_store_t *lapse__store_sqlite_open(const char *path, unsigned open_flags,
      * batch, not per order. temp_store = MEMORY: a batch statement that changes many
      * rows keeps a statement journal, which past 64 KiB went to a temporary file
      * (created, written and unlinked once per cancel batch); in memory it is a few
-     * hundred KiB for a batch of a thousand. */
+     * hundred KiB for a batch of a thousand. cache_size = -512: a page cache of 512 KiB
+     * per connection instead of SQLite's 2 MiB (1.5 MB less RSS per process). Cancels
+     * come in deadline order and the outbox is appended, so their pages are few and
+     * recent; a page the cache lacks is one pread from the OS's cache (ids that do not
+     * grow with time miss a 2 MiB cache too: a million orders' id index is ~30 MB).
+     * Measured (bench_cancel, 300,000 orders, batches of 500): 6.8-7.6 us of CPU per
+     * cancel with either cache. */
     if ((*rc = set_wal(s, err)) != LAPSE_OK) {
         goto fail;
     }
-    src = sqlite3_exec(s->db, "PRAGMA synchronous = FULL; PRAGMA temp_store = MEMORY",
+    src = sqlite3_exec(s->db,
+                       "PRAGMA synchronous = FULL; PRAGMA temp_store = MEMORY; "
+                       "PRAGMA cache_size = -512",
                        NULL, NULL, NULL);
     if (src != SQLITE_OK) {
         *rc = open_fail(s, src, "pragmas", err);
