@@ -36,6 +36,14 @@ typedef struct lapse__dynlib {
         .n_syms = sizeof(syms_) / sizeof((syms_)[0]), .lock = PTHREAD_MUTEX_INITIALIZER  \
     }
 
+/* A library's table from one X-macro list of its function names, LIST(X, arg) calling
+ * X(arg, name) for each: LIST(LAPSE__DYNSYM_FIELD, _) inside a struct declares one
+ * pointer of the function's own prototype per name (so every call is compiler-checked
+ * as a direct one); LIST(LAPSE__DYNSYM_ENTRY, table) inside a lapse__dynsym_t array
+ * names each and points at table's field. */
+#define LAPSE__DYNSYM_FIELD(unused, name) __typeof__(&name) name;
+#define LAPSE__DYNSYM_ENTRY(table, name)  {#name, (void **)&(table).name},
+
 /**
  * Load lib and resolve every one of its symbols, once per process: later calls return
  * the first call's outcome (a library that could not be loaded is not tried again).

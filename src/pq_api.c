@@ -3,15 +3,9 @@
  * SONAME of the libpq the build compiled against (CMakeLists.txt reads it). */
 #include "pq_api_int.h"
 
-#include "dynlib_int.h"
-
 lapse__pq_api_t lapse__pq;
 
-static const lapse__dynsym_t syms[] = {
-#define LAPSE__PQ_SYM_(name) {#name, (void **)&lapse__pq.name},
-    LAPSE__PQ_SYMS(LAPSE__PQ_SYM_)
-#undef LAPSE__PQ_SYM_
-};
+static const lapse__dynsym_t syms[] = {LAPSE__PQ_SYMS(LAPSE__DYNSYM_ENTRY, lapse__pq)};
 
 static lapse__dynlib_t libpq = LAPSE__DYNLIB_INIT(LAPSE_LIBPQ_SONAME, syms);
 

@@ -9,36 +9,36 @@
 
 #include <libpq-fe.h>
 
+#include "dynlib_int.h"
+
 /* Every libpq function lapse calls; a new call means a new line here. */
-#define LAPSE__PQ_SYMS(X)                                                                \
-    X(PQclear)                                                                           \
-    X(PQcmdTuples)                                                                       \
-    X(PQconnectdbParams)                                                                 \
-    X(PQconnectionNeedsPassword)                                                         \
-    X(PQconninfoFree)                                                                    \
-    X(PQconninfoParse)                                                                   \
-    X(PQerrorMessage)                                                                    \
-    X(PQescapeIdentifier)                                                                \
-    X(PQescapeLiteral)                                                                   \
-    X(PQexec)                                                                            \
-    X(PQexecParams)                                                                      \
-    X(PQfinish)                                                                          \
-    X(PQfreemem)                                                                         \
-    X(PQgetisnull)                                                                       \
-    X(PQgetlength)                                                                       \
-    X(PQgetvalue)                                                                        \
-    X(PQntuples)                                                                         \
-    X(PQprepare)                                                                         \
-    X(PQresultErrorField)                                                                \
-    X(PQresultErrorMessage)                                                              \
-    X(PQresultStatus)                                                                    \
-    X(PQstatus)                                                                          \
-    X(PQtransactionStatus)
+#define LAPSE__PQ_SYMS(X, a)                                                             \
+    X(a, PQclear)                                                                        \
+    X(a, PQcmdTuples)                                                                    \
+    X(a, PQconnectdbParams)                                                              \
+    X(a, PQconnectionNeedsPassword)                                                      \
+    X(a, PQconninfoFree)                                                                 \
+    X(a, PQconninfoParse)                                                                \
+    X(a, PQerrorMessage)                                                                 \
+    X(a, PQescapeIdentifier)                                                             \
+    X(a, PQescapeLiteral)                                                                \
+    X(a, PQexec)                                                                         \
+    X(a, PQexecParams)                                                                   \
+    X(a, PQfinish)                                                                       \
+    X(a, PQfreemem)                                                                      \
+    X(a, PQgetisnull)                                                                    \
+    X(a, PQgetlength)                                                                    \
+    X(a, PQgetvalue)                                                                     \
+    X(a, PQntuples)                                                                      \
+    X(a, PQprepare)                                                                      \
+    X(a, PQresultErrorField)                                                             \
+    X(a, PQresultErrorMessage)                                                           \
+    X(a, PQresultStatus)                                                                 \
+    X(a, PQstatus)                                                                       \
+    X(a, PQtransactionStatus)
 
 typedef struct lapse__pq_api {
-#define LAPSE__PQ_FIELD_(name) __typeof__(&name) name;
-    LAPSE__PQ_SYMS(LAPSE__PQ_FIELD_)
-#undef LAPSE__PQ_FIELD_
+    LAPSE__PQ_SYMS(LAPSE__DYNSYM_FIELD, _)
 } lapse__pq_api_t;
 
 /* Set by lapse__pq_load; not to be called before it returned LAPSE_OK. */

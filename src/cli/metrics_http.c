@@ -19,25 +19,17 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#define CLI_MHD_SYMS(X)                                                                  \
-    X(MHD_add_response_header)                                                           \
-    X(MHD_create_response_from_buffer)                                                   \
-    X(MHD_destroy_response)                                                              \
-    X(MHD_queue_response)                                                                \
-    X(MHD_start_daemon)                                                                  \
-    X(MHD_stop_daemon)
+#define CLI_MHD_SYMS(X, a)                                                               \
+    X(a, MHD_add_response_header)                                                        \
+    X(a, MHD_create_response_from_buffer)                                                \
+    X(a, MHD_destroy_response)                                                           \
+    X(a, MHD_queue_response)                                                             \
+    X(a, MHD_start_daemon)                                                               \
+    X(a, MHD_stop_daemon)
 
-static struct {
-#define CLI_MHD_FIELD_(name) __typeof__(&name) name;
-    CLI_MHD_SYMS(CLI_MHD_FIELD_)
-#undef CLI_MHD_FIELD_
-} mhd;
+static struct { CLI_MHD_SYMS(LAPSE__DYNSYM_FIELD, _) } mhd;
 
-static const lapse__dynsym_t mhd_syms[] = {
-#define CLI_MHD_SYM_(name) {#name, (void **)&mhd.name},
-    CLI_MHD_SYMS(CLI_MHD_SYM_)
-#undef CLI_MHD_SYM_
-};
+static const lapse__dynsym_t mhd_syms[] = {CLI_MHD_SYMS(LAPSE__DYNSYM_ENTRY, mhd)};
 
 static lapse__dynlib_t libmicrohttpd =
     LAPSE__DYNLIB_INIT(LAPSE_LIBMICROHTTPD_SONAME, mhd_syms);

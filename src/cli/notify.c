@@ -26,15 +26,11 @@ static int64_t mono_ms(void) {
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-static struct {
-    __typeof__(&sd_notify) sd_notify;
-    __typeof__(&sd_watchdog_enabled) sd_watchdog_enabled;
-} sd;
+#define CLI_SD_SYMS(X, a) X(a, sd_notify) X(a, sd_watchdog_enabled)
 
-static const lapse__dynsym_t sd_syms[] = {
-    {"sd_notify", (void **)&sd.sd_notify},
-    {"sd_watchdog_enabled", (void **)&sd.sd_watchdog_enabled},
-};
+static struct { CLI_SD_SYMS(LAPSE__DYNSYM_FIELD, _) } sd;
+
+static const lapse__dynsym_t sd_syms[] = {CLI_SD_SYMS(LAPSE__DYNSYM_ENTRY, sd)};
 
 static lapse__dynlib_t libsystemd = LAPSE__DYNLIB_INIT(LAPSE_LIBSYSTEMD_SONAME, sd_syms);
 

@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: MIT
  * Libraries loaded on first use (docs/design.md): a consumer maps libpq only on a
  * PostgreSQL store, libmicrohttpd only with --metrics-listen and libsystemd only under a
- * NOTIFY_SOCKET, and it cancels as ever without them; a libpq that cannot be loaded is
- * one clear error line and exit 1. */
+ * NOTIFY_SOCKET, and it cancels as ever without them; each of the three that cannot be
+ * loaded is one clear error line and exit 1 from the command that needs it. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -88,33 +88,91 @@ static void test_consumer_maps_only_what_it_uses(void **state) {
     h_teardown(&h);
 }
 
-static void test_unloadable_libpq_is_one_clear_error(void **state) {
-    (void)state;
-    h_ctx_t h;
-    h_setup(&h, "badlibpq", "2s", true);
-    /* A file by libpq's SONAME that is no library, first in the loader's search path. */
-    char dir[PATH_MAX + 16];
-    snprintf(dir, sizeof dir, "%s/badlib", h.dir);
-    assert_int_equal(mkdir(dir, 0700), 0);
-    char lib[sizeof dir + 64];
-    snprintf(lib, sizeof lib, "%s/%s", dir, LAPSE_LIBPQ_SONAME);
+/* dir/soname: an empty file by a library's SONAME, which the loader takes for it when dir
+ * comes first in LD_LIBRARY_PATH, and which is no library. */
+static void plant_broken(const char *dir, const char *soname, char *lib, size_t cap) {
+    snprintf(lib, cap, "%s/%s", dir, soname);
     FILE *f = fopen(lib, "w");
     assert_non_null(f);
     fclose(f);
+}
+
+/* `lapse args...` (h_run: exactly as given) with LD_LIBRARY_PATH=dir and, when not NULL,
+ * NOTIFY_SOCKET=notify; its exit code. */
+static int run_broken(h_ctx_t *h, const char *dir, const char *notify,
+                      const char *const *args) {
     assert_int_equal(setenv("LD_LIBRARY_PATH", dir, 1), 0);
+    if (notify != NULL) {
+        assert_int_equal(setenv("NOTIFY_SOCKET", notify, 1), 0);
+    }
     int code =
-        h_run(&h, NULL, 0, "pending", "--store", "postgresql://127.0.0.1:1/none", NULL);
+        h_run(h, NULL, 0, args[0], args[1], args[2], args[3], args[4], args[5], NULL);
     unsetenv("LD_LIBRARY_PATH");
-    assert_int_equal(code, 1);
-    char needle[sizeof lib + 128];
-    snprintf(
-        needle, sizeof needle,
-        "lapse: open store: cannot load %s (Debian package libpq5): %s: file too short",
-        LAPSE_LIBPQ_SONAME, lib);
-    assert_int_equal(h_count_lines(&h, "cli.log", needle), 1);
-    /* A SQLite store never needs it: the same broken path is no obstacle. */
+    unsetenv("NOTIFY_SOCKET");
+    return code;
+}
+
+static void test_unloadable_library_is_one_clear_error(void **state) {
+    (void)state;
+    h_ctx_t h;
+    h_setup(&h, "badlibs", "2s", true);
+    char dir[PATH_MAX + 16];
+    snprintf(dir, sizeof dir, "%s/badlib", h.dir);
+    assert_int_equal(mkdir(dir, 0700), 0);
+    char pq[sizeof dir + 64], sd[sizeof dir + 64], mhd[sizeof dir + 64];
+    plant_broken(dir, LAPSE_LIBPQ_SONAME, pq, sizeof pq);
+    plant_broken(dir, LAPSE_LIBSYSTEMD_SONAME, sd, sizeof sd);
+    plant_broken(dir, LAPSE_LIBMICROHTTPD_SONAME, mhd, sizeof mhd);
+    char store[sizeof h.dir + 64];
+    snprintf(store, sizeof store, "sqlite:%s/never.db", h.dir);
+    char notify[sizeof h.dir + 64];
+    snprintf(notify, sizeof notify, "%s/notify.sock", h.dir);
+
+    /* Each feature that needs a library, with that library broken: exit 1 and one line
+     * naming the SONAME, Debian's package and the loader's reason. */
+    struct {
+        const char *args[6];
+        const char *notify;
+        const char *prefix, *soname, *package, *path;
+    } cases[] = {
+        {{"pending", "--store", "postgresql://127.0.0.1:1/none"},
+         NULL,
+         "lapse: open store: ",
+         LAPSE_LIBPQ_SONAME,
+         "libpq5",
+         pq},
+        {{"consume", "--store", store, "--amqp", h.amqp},
+         notify,
+         "lapse: NOTIFY_SOCKET is set, but ",
+         LAPSE_LIBSYSTEMD_SONAME,
+         "libsystemd0",
+         sd},
+        {{"consume", "--store", store, "--metrics-listen", "127.0.0.1:0"},
+         NULL,
+         "lapse: metrics: ",
+         LAPSE_LIBMICROHTTPD_SONAME,
+         "libmicrohttpd12",
+         mhd},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        assert_int_equal(run_broken(&h, dir, cases[i].notify, cases[i].args), 1);
+        char needle[sizeof dir + 256];
+        snprintf(needle, sizeof needle,
+                 "%scannot load %s (Debian package %s): %s: file too short",
+                 cases[i].prefix, cases[i].soname, cases[i].package, cases[i].path);
+        printf("%s %s: %zu line(s) \"%s\"\n", cases[i].args[0], cases[i].soname,
+               h_count_lines(&h, "cli.log", needle), needle);
+        assert_int_equal(h_count_lines(&h, "cli.log", needle), 1);
+    }
+    /* Refused before anything was opened: no store was created. */
+    char never[sizeof h.dir + 64];
+    snprintf(never, sizeof never, "%s/never.db", h.dir);
+    struct stat st;
+    assert_int_not_equal(stat(never, &st), 0);
+
+    /* A SQLite store needs none of them: the same broken path is no obstacle. */
     assert_int_equal(setenv("LD_LIBRARY_PATH", dir, 1), 0);
-    code = h_lapse(&h, NULL, 0, "publish", "ord-sqlite", "--timeout", "2s", NULL);
+    int code = h_lapse(&h, NULL, 0, "publish", "ord-sqlite", "--timeout", "2s", NULL);
     unsetenv("LD_LIBRARY_PATH");
     assert_int_equal(code, h.pg ? 1 : 0);
     h_teardown(&h);
@@ -123,7 +181,7 @@ static void test_unloadable_libpq_is_one_clear_error(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_consumer_maps_only_what_it_uses),
-        cmocka_unit_test(test_unloadable_libpq_is_one_clear_error),
+        cmocka_unit_test(test_unloadable_library_is_one_clear_error),
     };
     return cmocka_run_group_tests(tests, NULL, h_group_ensure_node);
 }

@@ -14,15 +14,11 @@
 #include <math.h>
 #include <string.h>
 
-static struct {
-    __typeof__(&cos) cos;
-    __typeof__(&ldexp) ldexp;
-} m;
+#define M_SYMS(X, a) X(a, cos) X(a, ldexp)
 
-static const lapse__dynsym_t m_syms[] = {
-    {"cos", (void **)&m.cos},
-    {"ldexp", (void **)&m.ldexp},
-};
+static struct { M_SYMS(LAPSE__DYNSYM_FIELD, _) } m;
+
+static const lapse__dynsym_t m_syms[] = {M_SYMS(LAPSE__DYNSYM_ENTRY, m)};
 
 static void test_resolves_every_symbol(void **state) {
     (void)state;
