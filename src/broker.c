@@ -926,15 +926,6 @@ lapse_status_t lapse__broker_consume_next(lapse__broker_t *broker, amqp_envelope
     env->channel = frame.channel;
     env->delivery_tag = m->delivery_tag;
     env->redelivered = m->redelivered;
-    env->consumer_tag = amqp_bytes_malloc_dup(m->consumer_tag);
-    env->exchange = amqp_bytes_malloc_dup(m->exchange);
-    env->routing_key = amqp_bytes_malloc_dup(m->routing_key);
-    if ((m->consumer_tag.len && !env->consumer_tag.bytes) ||
-        (m->exchange.len && !env->exchange.bytes) ||
-        (m->routing_key.len && !env->routing_key.bytes)) {
-        amqp_destroy_envelope(env);
-        return lapse_error_set(err, LAPSE_ERR_NOMEM, "consume: delivery");
-    }
     uint64_t size = 0;
     lapse_status_t rc =
         read_content(broker, frame.channel, &env->message, keep, &size, err);

@@ -216,7 +216,9 @@ lapse_status_t lapse__broker_consume(lapse__broker_t *broker, const char *queue,
 /**
  * Wait up to timeout_ms for the next delivery. LAPSE_OK with *got = true: env is filled
  * (new: release it with lapse__broker_envelope_clear) with at most keep bytes of the
- * body (the rest is read and dropped, never held whole), and *body_size (optional)
+ * body (the rest is read and dropped, never held whole); its consumer_tag, exchange and
+ * routing_key stay empty (nothing reads them, and copies cost three allocations a
+ * delivery); *body_size (optional)
  * receives the body's real size; LAPSE_OK with *got = false: none came in time, or a
  * frame that needs nothing came instead. env can always be cleared. A channel.close or
  * connection.close is answered with its close-ok and returned as
