@@ -48,8 +48,12 @@
 /* On SIGTERM/SIGINT, how long the consumer keeps publishing the events it owes. */
 #define CONSUMER_STOP_EVENTS_MS 5000
 /* Events of its own cancellations a consumer remembers while they cannot go out; older
- * ones are left to the backlog pass (8 bytes each). */
-#define CONSUMER_OWED_MAX 100000
+ * ones are left to the backlog pass (8 bytes each). Far above what flows between two
+ * rounds (a round starts at CONSUMER_EVENTS_CHUNK or after CONSUMER_EVENTS_DELAY_MS), so
+ * only events held back (no queue bound, no connection) ever reach it. It was 100000:
+ * 800 KB that a consumer with no events queue filled within a minute, the whole of its
+ * peak RSS growth from 10k to 1M orders (issue 14). */
+#define CONSUMER_OWED_MAX 8192
 /* Orders one sweep call handles per part, and the time one call may take (it may
  * overrun by one store wait, SQLite's 5 s busy timeout), before deliveries get their
  * turn again. */
