@@ -27,6 +27,8 @@
 #define WHAT_MAX 160
 /* Headers of a publish up to this many are stamped on the stack, more on the heap. */
 #define SEQ_HEADERS_FIXED 8
+/* Page of props_pool: a dead-lettered delivery's properties decode into about 1 KiB. */
+#define PROPS_POOL_PAGE 4096
 
 amqp_table_entry_t lapse__entry_str(const char *k, const char *v) {
     amqp_table_entry_t e;
@@ -110,6 +112,7 @@ lapse_status_t lapse__broker_open(lapse__broker_t *broker, const lapse_config_t 
     broker->settle_cb = settle_cb;
     broker->settle_opaque = settle_opaque;
     broker->blocked_wait_ms = LAPSE__PUBLISH_WAIT_MS;
+    init_amqp_pool(&broker->props_pool, PROPS_POOL_PAGE);
     if (window > 0) {
         broker->slots = calloc(window, sizeof *broker->slots);
         if (!broker->slots) {
@@ -730,6 +733,7 @@ void lapse__broker_close(lapse__broker_t *broker) {
         amqp_destroy_connection(broker->conn);
     }
     lapse__frames_free(&broker->staged);
+    empty_amqp_pool(&broker->props_pool);
     broker->staging = false;
     broker->corked = false;
     /* After the connection: its TLS context called back into this until destroyed. */
@@ -773,57 +777,20 @@ static lapse_status_t handle_method(lapse__broker_t *broker, const amqp_frame_t 
     return handle_control(broker, f, "consume", err);
 }
 
-/* Copy bytes into pool; false when out of memory. */
-static bool pool_dup(amqp_pool_t *pool, amqp_bytes_t in, amqp_bytes_t *out) {
-    if (in.len == 0) {
-        *out = amqp_empty_bytes;
-        return true;
+lapse_status_t lapse__broker_props_decode(const void *encoded, size_t len,
+                                          amqp_pool_t *pool,
+                                          amqp_basic_properties_t **out,
+                                          lapse_error_t *err) {
+    amqp_bytes_t bytes = {.len = len, .bytes = (void *)encoded};
+    void *decoded = NULL;
+    int st = amqp_decode_properties(AMQP_BASIC_CLASS, pool, bytes, &decoded);
+    if (st != AMQP_STATUS_OK || decoded == NULL) {
+        return lapse_error_set(err, LAPSE_ERR_BROKER_PROTOCOL,
+                               "message properties do not decode: %s",
+                               amqp_error_string2(st));
     }
-    amqp_pool_alloc_bytes(pool, in.len, out);
-    if (out->bytes == NULL) {
-        return false;
-    }
-    memcpy(out->bytes, in.bytes, in.len);
-    return true;
-}
-
-/* A content header's properties, copied into pool: the frame's own memory goes with the
- * next release of the channel's buffers, which reading a large body frame by frame does.
- */
-static bool clone_props(const amqp_basic_properties_t *in, amqp_basic_properties_t *out,
-                        amqp_pool_t *pool) {
-    *out = *in;
-    const struct {
-        amqp_flags_t flag;
-        size_t offset;
-    } fields[] = {
-        {AMQP_BASIC_CONTENT_TYPE_FLAG, offsetof(amqp_basic_properties_t, content_type)},
-        {AMQP_BASIC_CONTENT_ENCODING_FLAG,
-         offsetof(amqp_basic_properties_t, content_encoding)},
-        {AMQP_BASIC_CORRELATION_ID_FLAG,
-         offsetof(amqp_basic_properties_t, correlation_id)},
-        {AMQP_BASIC_REPLY_TO_FLAG, offsetof(amqp_basic_properties_t, reply_to)},
-        {AMQP_BASIC_EXPIRATION_FLAG, offsetof(amqp_basic_properties_t, expiration)},
-        {AMQP_BASIC_MESSAGE_ID_FLAG, offsetof(amqp_basic_properties_t, message_id)},
-        {AMQP_BASIC_TYPE_FLAG, offsetof(amqp_basic_properties_t, type)},
-        {AMQP_BASIC_USER_ID_FLAG, offsetof(amqp_basic_properties_t, user_id)},
-        {AMQP_BASIC_APP_ID_FLAG, offsetof(amqp_basic_properties_t, app_id)},
-        {AMQP_BASIC_CLUSTER_ID_FLAG, offsetof(amqp_basic_properties_t, cluster_id)},
-    };
-    for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
-        if (in->_flags & fields[i].flag) {
-            const amqp_bytes_t *src =
-                (const amqp_bytes_t *)((const char *)in + fields[i].offset);
-            amqp_bytes_t *dst = (amqp_bytes_t *)((char *)out + fields[i].offset);
-            if (!pool_dup(pool, *src, dst)) {
-                return false;
-            }
-        }
-    }
-    if (in->_flags & AMQP_BASIC_HEADERS_FLAG) {
-        return amqp_table_clone(&in->headers, &out->headers, pool) == AMQP_STATUS_OK;
-    }
-    return true;
+    *out = decoded;
+    return LAPSE_OK;
 }
 
 static lapse_status_t content_broken(lapse__broker_t *broker, const char *why,
@@ -832,44 +799,59 @@ static lapse_status_t content_broken(lapse__broker_t *broker, const char *why,
     return lapse_error_set(err, LAPSE_ERR_BROKER_PROTOCOL, "consume: %s", why);
 }
 
-/* The content of a delivery whose basic.deliver is in hand: its header and body frames.
- * At most keep bytes of the body are kept; the rest is read and dropped, releasing the
- * channel's buffers frame by frame, so a 16 MiB body never sits in memory whole
- * (docs/design.md, "Bounded memory"). */
-static lapse_status_t read_content(lapse__broker_t *broker, amqp_channel_t channel,
-                                   amqp_message_t *msg, size_t keep, uint64_t *body_size,
-                                   lapse_error_t *err) {
-    amqp_frame_t frame;
-    int st = amqp_simple_wait_frame(broker->conn, &frame);
+static lapse_status_t next_frame(lapse__broker_t *broker, amqp_frame_t *frame,
+                                 lapse_error_t *err) {
+    int st = amqp_simple_wait_frame(broker->conn, frame);
     if (st != AMQP_STATUS_OK) {
         broker->open = false;
         return lapse_error_set(err, LAPSE_ERR_BROKER_CLOSED, "consume: %s",
                                amqp_error_string2(st));
     }
+    return LAPSE_OK;
+}
+
+/* The content of a delivery whose basic.deliver is in hand: its header and body frames,
+ * appended to raw. At most keep bytes of the body are kept; the rest is read and
+ * dropped, releasing the channel's buffers frame by frame, so a 16 MiB body never sits
+ * in memory whole (docs/design.md, "Bounded memory"). */
+static lapse_status_t read_content(lapse__broker_t *broker, amqp_channel_t channel,
+                                   lapse__frames_t *raw, size_t keep,
+                                   lapse__inbound_t *in, lapse_error_t *err) {
+    amqp_frame_t frame;
+    lapse_status_t rc = next_frame(broker, &frame, err);
+    if (rc != LAPSE_OK) {
+        return rc;
+    }
     if (frame.frame_type != AMQP_FRAME_HEADER || frame.channel != channel) {
         return content_broken(broker, "a delivery without its content header", err);
     }
-    if (!clone_props(frame.payload.properties.decoded, &msg->properties, &msg->pool)) {
-        return lapse_error_set(err, LAPSE_ERR_NOMEM, "consume: message properties");
-    }
+    /* The encoded properties point into the socket's buffer, which the next read
+     * overwrites: copied first. Their decoding lives in the channel's pool until the
+     * buffers are released. */
+    amqp_bytes_t enc = frame.payload.properties.raw;
     uint64_t size = frame.payload.properties.body_size;
-    *body_size = size;
     size_t kept = size < keep ? (size_t)size : keep;
-    if (kept > 0) {
-        msg->body = amqp_bytes_malloc(kept);
-        if (msg->body.bytes == NULL) {
-            return lapse_error_set(err, LAPSE_ERR_NOMEM, "consume: message body");
-        }
+    if (!lapse__frames_reserve(raw, enc.len + kept)) {
+        return lapse_error_set(err, LAPSE_ERR_NOMEM, "consume: a delivery's bytes");
     }
+    in->props = frame.payload.properties.decoded;
+    in->props_at = raw->n;
+    in->props_len = enc.len;
+    memcpy(raw->p + raw->n, enc.bytes, enc.len);
+    in->body_at = raw->n + enc.len;
+    in->body_len = kept;
+    in->body_size = size;
     uint64_t read = 0;
-    while (read < size) {
-        /* What was needed of the frames so far is copied: let their buffers go. */
-        amqp_maybe_release_buffers_on_channel(broker->conn, channel);
-        st = amqp_simple_wait_frame(broker->conn, &frame);
-        if (st != AMQP_STATUS_OK) {
-            broker->open = false;
-            return lapse_error_set(err, LAPSE_ERR_BROKER_CLOSED, "consume: %s",
-                                   amqp_error_string2(st));
+    for (unsigned frames = 0; read < size; frames++) {
+        if (frames > 0) {
+            /* What was needed of the frames so far is copied: let their buffers go
+             * (the decoded properties with them, decoded again below). */
+            amqp_maybe_release_buffers_on_channel(broker->conn, channel);
+            in->props = NULL;
+        }
+        rc = next_frame(broker, &frame, err);
+        if (rc != LAPSE_OK) {
+            return rc;
         }
         if (frame.frame_type != AMQP_FRAME_BODY || frame.channel != channel) {
             return content_broken(broker, "a delivery's body cut short", err);
@@ -877,7 +859,7 @@ static lapse_status_t read_content(lapse__broker_t *broker, amqp_channel_t chann
         amqp_bytes_t part = frame.payload.body_fragment;
         if (read < kept) {
             size_t take = kept - (size_t)read < part.len ? kept - (size_t)read : part.len;
-            memcpy((char *)msg->body.bytes + read, part.bytes, take);
+            memcpy(raw->p + in->body_at + read, part.bytes, take);
         }
         read += part.len;
     }
@@ -885,22 +867,28 @@ static lapse_status_t read_content(lapse__broker_t *broker, amqp_channel_t chann
         return content_broken(broker, "a delivery's body is longer than its header says",
                               err);
     }
+    if (in->props == NULL) {
+        amqp_basic_properties_t *props = NULL;
+        rc = lapse__broker_props_decode(raw->p + in->props_at, in->props_len,
+                                        &broker->props_pool, &props, err);
+        if (rc != LAPSE_OK) {
+            return content_broken(broker, "a delivery's properties do not decode", err);
+        }
+        in->props = props;
+    }
+    raw->n = in->body_at + kept;
     return LAPSE_OK;
 }
 
-/* The page size of a delivery's own pool (its properties and headers, copied by
- * clone_props): a dead-lettered delivery's x-death table takes about 1 KiB, and every
- * delivery of a full prefetch window holds its pool until its batch ends, so a page of
- * 4 KiB (calloc'd) made a 1000-delivery window weigh 4 MB. */
-#define DELIVERY_POOL_PAGE 1024
-
-lapse_status_t lapse__broker_consume_next(lapse__broker_t *broker, amqp_envelope_t *env,
+lapse_status_t lapse__broker_consume_next(lapse__broker_t *broker, lapse__frames_t *raw,
                                           int64_t timeout_ms, size_t keep,
-                                          uint64_t *body_size, bool *got,
+                                          lapse__inbound_t *in, bool *got,
                                           lapse_error_t *err) {
     *got = false;
-    memset(env, 0, sizeof *env);
-    init_amqp_pool(&env->message.pool, DELIVERY_POOL_PAGE);
+    memset(in, 0, sizeof *in);
+    /* The last delivery's frames (and its decoded properties) are done with. */
+    amqp_maybe_release_buffers(broker->conn);
+    recycle_amqp_pool(&broker->props_pool);
     if (timeout_ms < 0) {
         timeout_ms = 0;
     }
@@ -923,30 +911,17 @@ lapse_status_t lapse__broker_consume_next(lapse__broker_t *broker, amqp_envelope
         return handle_method(broker, &frame, err);
     }
     const amqp_basic_deliver_t *m = frame.payload.method.decoded;
-    env->channel = frame.channel;
-    env->delivery_tag = m->delivery_tag;
-    env->redelivered = m->redelivered;
-    uint64_t size = 0;
-    lapse_status_t rc =
-        read_content(broker, frame.channel, &env->message, keep, &size, err);
+    in->delivery_tag = m->delivery_tag;
+    in->redelivered = m->redelivered != 0;
+    size_t mark = raw->n;
+    lapse_status_t rc = read_content(broker, frame.channel, raw, keep, in, err);
     if (rc != LAPSE_OK) {
-        amqp_destroy_envelope(env);
-        memset(env, 0, sizeof *env);
-        init_amqp_pool(&env->message.pool, DELIVERY_POOL_PAGE);
+        raw->n = mark;
+        memset(in, 0, sizeof *in);
         return rc;
-    }
-    if (body_size) {
-        *body_size = size;
     }
     *got = true;
     return LAPSE_OK;
-}
-
-void lapse__broker_envelope_clear(lapse__broker_t *broker, amqp_envelope_t *env) {
-    amqp_destroy_envelope(env);
-    if (broker->conn) {
-        amqp_maybe_release_buffers(broker->conn);
-    }
 }
 
 lapse_status_t lapse__broker_ack(lapse__broker_t *broker, uint64_t tag, bool multiple,

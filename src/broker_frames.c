@@ -19,7 +19,7 @@
  * needs more gets up to frame_max. */
 #define FIRST_TRY 1024
 
-static bool reserve(lapse__frames_t *f, size_t more) {
+bool lapse__frames_reserve(lapse__frames_t *f, size_t more) {
     if (f->n + more <= f->cap) {
         return true;
     }
@@ -92,7 +92,7 @@ static lapse_status_t frame(lapse__frames_t *f, size_t frame_max, uint8_t type,
         if (room < FRAME_OVERHEAD + lead || (i == 1 && room <= tries[0])) {
             break;
         }
-        if (!reserve(f, room)) {
+        if (!lapse__frames_reserve(f, room)) {
             return LAPSE_ERR_NOMEM;
         }
         uint8_t *payload = f->p + f->n + FRAME_HEAD;
@@ -135,7 +135,7 @@ lapse_status_t lapse__frames_publish(lapse__frames_t *f, size_t frame_max,
     }
     for (size_t off = 0; rc == LAPSE_OK && off < body.len; off += chunk) {
         size_t len = body.len - off < chunk ? body.len - off : chunk;
-        if (!reserve(f, len + FRAME_OVERHEAD)) {
+        if (!lapse__frames_reserve(f, len + FRAME_OVERHEAD)) {
             rc = LAPSE_ERR_NOMEM;
             break;
         }

@@ -21,11 +21,16 @@ typedef struct lapse__pub_slot {
     bool returned;
 } lapse__pub_slot_t;
 
-/* Frames encoded into one growable buffer (broker_frames.c); owned by its broker. */
+/* Bytes in one growable buffer (broker_frames.c): a broker's staged frames, owned by
+ * the broker; a consumer's batch of deliveries (lapse__broker_consume_next), owned by the
+ * consumer. Its bytes move when it grows: hold offsets into it, not pointers. */
 typedef struct lapse__frames {
     uint8_t *p;
     size_t n, cap;
 } lapse__frames_t;
+
+/** Room for more bytes after f->n (f->n unchanged); false when out of memory. */
+bool lapse__frames_reserve(lapse__frames_t *f, size_t more);
 
 /**
  * Append a basic.publish on channel (the method, the content header with props, which may
@@ -83,6 +88,10 @@ typedef struct lapse__broker {
     bool corked;
     bool staging;
     lapse__frames_t staged;
+    /* The properties of a delivery whose body came in several frames, decoded again from
+     * their copy (reading the frames released the first decoding); recycled by every
+     * lapse__broker_consume_next. */
+    amqp_pool_t props_pool;
 } lapse__broker_t;
 
 /* How long the waits go on after the stop flag is seen: confirms that are on their way
@@ -213,25 +222,44 @@ lapse_status_t lapse__broker_qos(lapse__broker_t *broker, uint16_t prefetch,
 lapse_status_t lapse__broker_consume(lapse__broker_t *broker, const char *queue,
                                      const char *tag, lapse_error_t *err);
 
+/* One delivery as lapse__broker_consume_next hands it over. Its bytes are appended to
+ * the caller's buffer: the content header's properties encoded as they came (what
+ * lapse__broker_props_decode reads back), then at most keep bytes of the body. */
+typedef struct lapse__inbound {
+    uint64_t delivery_tag;
+    bool redelivered;
+    uint64_t body_size;         /* the body's real size */
+    size_t props_at, props_len; /* in the buffer */
+    size_t body_at, body_len;   /* in the buffer: min(body_size, keep) bytes */
+    /* The properties decoded, in the broker's own buffers: valid until the next call on
+     * this broker. */
+    const amqp_basic_properties_t *props;
+} lapse__inbound_t;
+
 /**
- * Wait up to timeout_ms for the next delivery. LAPSE_OK with *got = true: env is filled
- * (new: release it with lapse__broker_envelope_clear) with at most keep bytes of the
- * body (the rest is read and dropped, never held whole); its consumer_tag, exchange and
- * routing_key stay empty (nothing reads them, and copies cost three allocations a
- * delivery); *body_size (optional)
- * receives the body's real size; LAPSE_OK with *got = false: none came in time, or a
- * frame that needs nothing came instead. env can always be cleared. A channel.close or
+ * Wait up to timeout_ms for the next delivery. LAPSE_OK with *got = true: in is filled
+ * and its bytes are appended to raw (at most keep bytes of the body: the rest is read and
+ * dropped, never held whole); no allocation of its own, so a batch of deliveries weighs
+ * its bytes in raw and no more. LAPSE_OK with *got = false: none came in time, or a
+ * frame that needs nothing came instead; raw is as it was. A channel.close or
  * connection.close is answered with its close-ok and returned as
  * LAPSE_ERR_BROKER_CLOSED (LAPSE_ERR_BROKER_LOGIN for a connection closed with 403/530),
- * as is a basic.cancel from the broker.
+ * as is a basic.cancel from the broker; raw is then as it was too.
  */
-lapse_status_t lapse__broker_consume_next(lapse__broker_t *broker, amqp_envelope_t *env,
+lapse_status_t lapse__broker_consume_next(lapse__broker_t *broker, lapse__frames_t *raw,
                                           int64_t timeout_ms, size_t keep,
-                                          uint64_t *body_size, bool *got,
+                                          lapse__inbound_t *in, bool *got,
                                           lapse_error_t *err);
 
-/** Release a delivery taken with lapse__broker_consume_next. */
-void lapse__broker_envelope_clear(lapse__broker_t *broker, amqp_envelope_t *env);
+/**
+ * Decode properties encoded as a content header carries them (lapse__inbound_t's) into
+ * pool (the caller's: the result and everything it points to live there).
+ * @return LAPSE_OK, or LAPSE_ERR_BROKER_PROTOCOL when they do not decode.
+ */
+lapse_status_t lapse__broker_props_decode(const void *encoded, size_t len,
+                                          amqp_pool_t *pool,
+                                          amqp_basic_properties_t **out,
+                                          lapse_error_t *err);
 
 /** Ack tag (and, with multiple, every delivery before it). */
 lapse_status_t lapse__broker_ack(lapse__broker_t *broker, uint64_t tag, bool multiple,

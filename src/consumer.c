@@ -7,6 +7,9 @@
 
 #include "publisher_int.h"
 
+#include "headers_int.h"
+
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,11 +57,30 @@ void lapse__consumer_set_metrics(lapse_consumer_t *c, lapse__metrics_t *metrics)
     c->metrics = metrics;
 }
 
+void lapse__delivery_why(delivery_t *d, const char *fmt, ...) {
+    if (d->reason == NULL && (d->reason = malloc(CONSUMER_REASON_MAX)) == NULL) {
+        return; /* lapse__delivery_reason says "out of memory" */
+    }
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(d->reason, CONSUMER_REASON_MAX, fmt, ap);
+    va_end(ap);
+}
+
+const char *lapse__delivery_reason(const delivery_t *d) {
+    return d->reason != NULL ? d->reason : "";
+}
+
 static void drop_batch(lapse_consumer_t *c) {
     for (size_t i = 0; i < c->n; i++) {
-        lapse__broker_envelope_clear(&c->in, &c->batch[i].env);
+        free(c->batch[i].reason);
+        c->batch[i].reason = NULL;
     }
     c->n = 0;
+    c->raw.n = 0;
+    if (c->raw.cap > CONSUMER_RAW_KEEP) {
+        lapse__frames_free(&c->raw); /* an unusual batch does not pin its memory */
+    }
 }
 
 void lapse_consumer_free(lapse_consumer_t *c) {
@@ -76,6 +98,7 @@ void lapse_consumer_free(lapse_consumer_t *c) {
     free(c->item_failed);
     free(c->seqs);
     free(c->owed);
+    lapse__frames_free(&c->raw);
     free(c);
 }
 
@@ -108,10 +131,10 @@ static lapse_status_t collect(lapse_consumer_t *c, lapse_error_t *err) {
                 break;
             }
         }
-        delivery_t *d = &c->batch[c->n];
+        lapse__inbound_t in;
         bool got = false;
         lapse_status_t rc = lapse__broker_consume_next(
-            &c->in, &d->env, wait_ms, CONSUMER_BODY_KEEP, &d->body_size, &got, err);
+            &c->in, &c->raw, wait_ms, CONSUMER_BODY_KEEP, &in, &got, err);
         if (rc != LAPSE_OK) {
             return rc;
         }
@@ -121,6 +144,17 @@ static lapse_status_t collect(lapse_consumer_t *c, lapse_error_t *err) {
             }
             continue; /* a frame that needed nothing: the window is not over yet */
         }
+        /* Its facts now: the decoded properties last only until the next delivery. */
+        delivery_t *d = &c->batch[c->n];
+        *d = (delivery_t){.tag = in.delivery_tag,
+                          .redelivered = in.redelivered,
+                          .body_size = in.body_size,
+                          .props_at = in.props_at,
+                          .props_len = in.props_len,
+                          .body_at = in.body_at,
+                          .body_len = in.body_len,
+                          .death_ms = lapse__hdr_death_time_ms(in.props),
+                          .attempts = lapse__hdr_attempts(in.props)};
         d->received_mono = lapse__mono_ms();
         if (c->n++ == 0) {
             started = d->received_mono;
@@ -168,8 +202,7 @@ static bool is_store_failure(lapse_status_t rc) {
 static void item_fails(lapse_consumer_t *c, size_t k, lapse_status_t rc,
                        const char *why) {
     c->item_failed[k] = true;
-    delivery_t *d = &c->batch[c->item_of[k]];
-    snprintf(d->reason, sizeof d->reason, "%s: %s", lapse_status_name(rc), why);
+    lapse__delivery_why(&c->batch[c->item_of[k]], "%s: %s", lapse_status_name(rc), why);
 }
 
 static lapse_status_t settle_items(lapse_consumer_t *c, size_t first, size_t n,
@@ -223,28 +256,24 @@ static lapse_status_t settle(lapse_consumer_t *c, int64_t now,
                 continue;
             }
             lapse_error_t derr = {0};
-            amqp_bytes_t body = d->env.message.body;
-            /* Slots are reused across batches and decode leaves msg alone on failure:
-             * clear it, or a parked line would name the order of an earlier delivery. */
-            memset(&d->msg, 0, sizeof d->msg);
-            d->reason[0] = '\0';
-            if (d->body_size > body.len) {
+            /* msg was cleared as the delivery came in (collect), and decode leaves it
+             * alone on failure: a parked line names no order of an earlier delivery. */
+            if (d->body_size > d->body_len) {
                 /* Only its first bytes were kept (lapse__broker_consume_next): park
                  * those, saying how large it was. */
                 d->decoded = false;
-                snprintf(
-                    d->reason, sizeof d->reason,
+                lapse__delivery_why(
+                    d,
                     "%s: body is %llu bytes, more than %d; parked with its first %zu "
                     "bytes",
                     lapse_status_name(LAPSE_ERR_MSG_TOO_LARGE),
-                    (unsigned long long)d->body_size, LAPSE_MSG_MAX_BODY, body.len);
+                    (unsigned long long)d->body_size, LAPSE_MSG_MAX_BODY, d->body_len);
                 continue;
             }
-            d->decoded =
-                lapse_expiry_msg_decode(body.bytes, body.len, &d->msg, &derr) == LAPSE_OK;
+            d->decoded = lapse_expiry_msg_decode(c->raw.p + d->body_at, d->body_len,
+                                                 &d->msg, &derr) == LAPSE_OK;
             if (!d->decoded) {
-                snprintf(d->reason, sizeof d->reason, "%s: %s",
-                         lapse_status_name(derr.code), derr.text);
+                lapse__delivery_why(d, "%s: %s", lapse_status_name(derr.code), derr.text);
                 continue;
             }
             /* The store's deadline decides, not the message's: a forged or stale
@@ -308,7 +337,7 @@ static void decide(lapse_consumer_t *c, int64_t now, size_t n_items) {
                            "redelivered=%d",
                            it->order_id,
                            (long long)lapse__time_add(it->now_ms, -it->deadline_ms),
-                           d->env.redelivered ? 1 : 0);
+                           d->redelivered ? 1 : 0);
                 break;
             case LAPSE__ACT_NOOP:
                 c->stats.noops++;
@@ -318,12 +347,11 @@ static void decide(lapse_consumer_t *c, int64_t now, size_t n_items) {
                 lapse__log(c->cfg, LAPSE_LOG_INFO,
                            "event=decision order_id=%s decision=%s redelivered=%d",
                            it->order_id, lapse_cancel_outcome_name(it->outcome),
-                           d->env.redelivered ? 1 : 0);
+                           d->redelivered ? 1 : 0);
                 break;
             case LAPSE__ACT_PARK:
                 if (d->verdict.why == LAPSE__WHY_UNKNOWN) {
-                    snprintf(d->reason, sizeof d->reason, "unknown order: %s",
-                             it->order_id);
+                    lapse__delivery_why(d, "unknown order: %s", it->order_id);
                 }
                 break;
             case LAPSE__ACT_EARLY:
@@ -369,7 +397,7 @@ static lapse_status_t process(lapse_consumer_t *c, const volatile sig_atomic_t *
      * (unless a forward failed and the batch was settled delivery by delivery). */
     if (!c->batch_settled) {
         int64_t t0 = lapse__metrics_now_us();
-        rc = lapse__broker_ack(&c->in, c->batch[c->n - 1].env.delivery_tag, true, err);
+        rc = lapse__broker_ack(&c->in, c->batch[c->n - 1].tag, true, err);
         lapse__metrics_latency(c->metrics, LAPSE__OP_BROKER_ACK,
                                lapse__metrics_now_us() - t0);
     }

@@ -64,10 +64,8 @@ static void log_ahead(lapse_consumer_t *c, int64_t wall, int64_t mono) {
 int64_t lapse__consumer_sample_batch(lapse_consumer_t *c) {
     for (size_t i = 0; i < c->n; i++) {
         delivery_t *d = &c->batch[i];
-        const amqp_basic_properties_t *props = &d->env.message.properties;
-        int64_t at = lapse__hdr_death_time_ms(props);
+        int64_t at = d->death_ms; /* read as it came in (collect) */
         d->undated = at < 0;
-        d->attempts = lapse__hdr_attempts(props);
         if (at >= 0) {
             /* Received at d->received_mono, dead-lettered at broker time at: the broker's
              * clock read at least at then. */

@@ -25,13 +25,28 @@ static void on_settle(void *opaque, uint64_t tag, lapse_status_t outcome) {
     }
 }
 
+/* A delivery's properties decode into about 1 KiB (an x-death table). */
+#define PARK_POOL_PAGE 4096
+
 static lapse_status_t park(lapse_consumer_t *c, delivery_t *d, lapse_error_t *err) {
-    /* The parked copy keeps the body and properties and adds why it was parked. */
-    amqp_basic_properties_t props = d->env.message.properties;
+    /* The parked copy keeps the body and properties as they came and adds why it was
+     * parked. The properties are decoded again from their bytes: only here, for the few
+     * parked, instead of kept decoded for every delivery of the batch. */
+    amqp_pool_t pool;
+    init_amqp_pool(&pool, PARK_POOL_PAGE);
+    amqp_basic_properties_t *came = NULL;
+    lapse_status_t rc = lapse__broker_props_decode(c->raw.p + d->props_at, d->props_len,
+                                                   &pool, &came, err);
+    if (rc != LAPSE_OK) {
+        empty_amqp_pool(&pool);
+        return rc;
+    }
+    amqp_basic_properties_t props = *came;
     amqp_table_t old =
         (props._flags & AMQP_BASIC_HEADERS_FLAG) ? props.headers : amqp_empty_table;
     amqp_table_entry_t *entries = calloc((size_t)old.num_entries + 3, sizeof *entries);
     if (!entries) {
+        empty_amqp_pool(&pool);
         return lapse_error_set(err, LAPSE_ERR_NOMEM, "park headers");
     }
     int n = 0;
@@ -41,7 +56,7 @@ static lapse_status_t park(lapse_consumer_t *c, delivery_t *d, lapse_error_t *er
             entries[n++] = old.entries[i];
         }
     }
-    entries[n++] = lapse__hdr_reason_entry(d->reason);
+    entries[n++] = lapse__hdr_reason_entry(lapse__delivery_reason(d));
     /* For people: when it was parked, by the wall clock. */
     entries[n++] = lapse__hdr_parked_at_entry(lapse_clock_now_ms());
     if (d->verdict.attempts > 0) {
@@ -53,10 +68,10 @@ static lapse_status_t park(lapse_consumer_t *c, delivery_t *d, lapse_error_t *er
     props._flags &= ~(amqp_flags_t)AMQP_BASIC_EXPIRATION_FLAG;
     props._flags |= AMQP_BASIC_HEADERS_FLAG | AMQP_BASIC_DELIVERY_MODE_FLAG;
     props.delivery_mode = AMQP_DELIVERY_PERSISTENT;
-    lapse_status_t rc = lapse__broker_publish(&c->out, c->topo.parked_exchange, "", true,
-                                              &props, d->env.message.body.bytes,
-                                              d->env.message.body.len, &d->fwd_tag, err);
+    rc = lapse__broker_publish(&c->out, c->topo.parked_exchange, "", true, &props,
+                               c->raw.p + d->body_at, d->body_len, &d->fwd_tag, err);
     free(entries);
+    empty_amqp_pool(&pool);
     return rc;
 }
 
@@ -70,7 +85,7 @@ static lapse_status_t hold_again(lapse_consumer_t *c, delivery_t *d,
 }
 
 static void logged_reason(const delivery_t *d, char *out, size_t cap) {
-    snprintf(out, cap, "%s", d->reason);
+    snprintf(out, cap, "%s", lapse__delivery_reason(d));
     lapse__consumer_sanitize(out);
 }
 
@@ -116,8 +131,7 @@ static lapse_status_t forward_failed(lapse_consumer_t *c, lapse_status_t rc,
     for (size_t i = 0; i < c->n; i++) {
         const delivery_t *d = &c->batch[i];
         if (is_settled(d)) {
-            lapse_status_t arc =
-                lapse__broker_ack(&c->in, d->env.delivery_tag, false, err);
+            lapse_status_t arc = lapse__broker_ack(&c->in, d->tag, false, err);
             if (arc != LAPSE_OK) {
                 return arc;
             }
@@ -128,7 +142,7 @@ static lapse_status_t forward_failed(lapse_consumer_t *c, lapse_status_t rc,
     for (size_t i = 0; i < c->n; i++) {
         const delivery_t *d = &c->batch[i];
         if (!is_settled(d)) {
-            lapse_status_t nrc = lapse__broker_nack(&c->in, d->env.delivery_tag, err);
+            lapse_status_t nrc = lapse__broker_nack(&c->in, d->tag, err);
             if (nrc != LAPSE_OK) {
                 return nrc;
             }
@@ -148,17 +162,16 @@ lapse_status_t lapse__consumer_forward(lapse_consumer_t *c, lapse_error_t *err) 
     for (size_t i = 0; i < c->n && rc == LAPSE_OK; i++) {
         delivery_t *d = &c->batch[i];
         const lapse__verdict_t *v = &d->verdict;
-        char logged[sizeof d->reason];
+        char logged[CONSUMER_REASON_MAX];
         lapse__ladder_route_t route;
         switch (v->action) {
             case LAPSE__ACT_PARK:
                 if (v->why == LAPSE__WHY_EXHAUSTED) {
                     /* The last failure, cut to leave room for the count. */
-                    char last[sizeof d->reason - 40];
-                    memcpy(last, d->reason, sizeof last - 1);
-                    last[sizeof last - 1] = '\0';
-                    snprintf(d->reason, sizeof d->reason, "failed %d times, last: %s",
-                             v->attempts, last);
+                    char last[CONSUMER_REASON_MAX - 40];
+                    snprintf(last, sizeof last, "%s", lapse__delivery_reason(d));
+                    lapse__delivery_why(d, "failed %d times, last: %s", v->attempts,
+                                        last);
                 }
                 /* The header keeps the decoder's words; the log line one token. */
                 logged_reason(d, logged, sizeof logged);

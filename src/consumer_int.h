@@ -73,21 +73,45 @@
 #define CONSUMER_PROBE_EVERY_MS    (30 * 60 * 1000)
 #define CONSUMER_PROBE_RETRY_MS    60000
 
+/* The longest reason a delivery carries (header x-lapse-reason, log lines). */
+#define CONSUMER_REASON_MAX 256
+/* A batch's bytes (c->raw) are let go after a batch that grew them past this (bodies
+ * near CONSUMER_BODY_KEEP); a batch of lapse's own messages takes about 0.5 KB each. */
+#define CONSUMER_RAW_KEEP (1024 * 1024)
+
+/* What the consumer keeps of a delivery while its batch is decided: the facts, read as
+ * it came in, and where its bytes are in c->raw, which only parking reads back (a
+ * parked copy keeps the properties and body as they came). */
 typedef struct delivery {
-    amqp_envelope_t env; /* its body holds at most CONSUMER_BODY_KEEP bytes */
-    uint64_t body_size;  /* the body's real size */
+    uint64_t tag;               /* delivery tag on the consuming connection */
+    uint64_t body_size;         /* the body's real size */
+    size_t props_at, props_len; /* its encoded properties in c->raw */
+    size_t body_at, body_len;   /* at most CONSUMER_BODY_KEEP bytes of its body */
     lapse_expiry_msg_t msg;
+    bool redelivered;
     bool decoded;          /* msg holds a valid expiry message */
     bool undated;          /* never dead-lettered: no broker time vouches for it */
     int attempts;          /* failed attempts before this delivery (x-lapse-attempts) */
+    int64_t death_ms;      /* the broker's x-death time, < 0 when none */
     int64_t received_mono; /* lapse__mono_ms() when it was taken */
     int64_t deadline_ms;   /* the store's deadline (early) */
     lapse__verdict_t verdict;
-    char reason[256]; /* the decoder's or the store's words, for the parked reason */
+    /* The decoder's or the store's words, for the parked reason: NULL (none) or
+     * CONSUMER_REASON_MAX bytes of its own, freed with the batch (lapse__delivery_why).
+     */
+    char *reason;
     uint64_t fwd_tag; /* its forward's publish tag on the out connection, 0: none */
     /* Its forward's outcome (LAPSE_ERR_BROKER_TIMEOUT while unsettled). */
     lapse_status_t fwd_rc;
 } delivery_t;
+
+/** Set d's reason, printf-style, cut at CONSUMER_REASON_MAX - 1 bytes; its buffer is
+ *  allocated on first use (out of memory: the reason reads "out of memory"). */
+void lapse__delivery_why(delivery_t *d, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/** d's reason; "" when none was set. */
+const char *lapse__delivery_reason(const delivery_t *d);
 
 struct lapse_consumer {
     const lapse_config_t *cfg;
@@ -101,6 +125,7 @@ struct lapse_consumer {
     lapse__broker_t out; /* parking, re-holding, events: confirm mode */
     delivery_t *batch;
     size_t n;
+    lapse__frames_t raw; /* the bytes of the batch's deliveries (delivery_t's offsets) */
     size_t cap;
     lapse_cancel_item_t *items;
     size_t *item_of;   /* items index -> batch index */
@@ -150,9 +175,9 @@ void lapse__consumer_set_metrics(lapse_consumer_t *c, lapse__metrics_t *metrics)
  *  samples and make a probe due. Call on every batch and idle pass. */
 void lapse__consumer_observe_clock(lapse_consumer_t *c);
 
-/** Take the x-death time of each delivery of the batch as a sample, and read its
- *  attempts header; returns the time arrivals are decided by (LAPSE__NOTHING_DUE while
- *  no floor is known). */
+/** Take the x-death time of each delivery of the batch as a sample (an undated one has
+ *  none); returns the time arrivals are decided by (LAPSE__NOTHING_DUE while no floor is
+ *  known). */
 int64_t lapse__consumer_sample_batch(lapse_consumer_t *c);
 
 /** Probe the broker's clock on a short-lived connection of its own (never the consuming
