@@ -483,28 +483,42 @@ lapse_status_t lapse_store_events_pending(lapse_store_t *store, size_t limit,
     }
     /* The events are copied out and the backend's read finished before cb runs, so the
      * callback may take its time publishing, or use this very handle, without holding
-     * a snapshot open. */
-    lapse__event_list_t list = {0};
-    lapse_status_t rc =
-        store->cls->events_pending(store, limit, seqs, n_unique, &list, err);
-    size_t passed = 0;
-    while (rc == LAPSE_OK && passed < list.n) {
-        if (cb(opaque, &list.items[passed++]) != 0) {
-            break;
+     * a snapshot open. With seqs, a page at a time: a round of 8192 owed events held
+     * whole weighed 1.4 MB of a consumer's peak RSS (issue 14). */
+    lapse_status_t rc = LAPSE_OK;
+    bool stopped = false;
+    size_t handed = 0;
+    for (size_t at = 0; rc == LAPSE_OK && !stopped && handed < limit &&
+                        (seqs == NULL ? at == 0 : at < n_unique);) {
+        size_t page = seqs == NULL ? n_unique : n_unique - at;
+        page = seqs != NULL && page > LAPSE_STORE_EVENTS_PAGE ? LAPSE_STORE_EVENTS_PAGE
+                                                              : page;
+        lapse__event_list_t list = {0};
+        rc = store->cls->events_pending(
+            store, limit - handed, seqs != NULL ? seqs + at : NULL, page, &list, err);
+        at += seqs != NULL ? page : 1;
+        size_t passed = 0;
+        while (rc == LAPSE_OK && passed < list.n) {
+            if (cb(opaque, &list.items[passed++]) != 0) {
+                stopped = true;
+                break;
+            }
         }
+        handed += passed;
+        /* What the callback never saw goes back at once (a claim is for events in
+         * hand). */
+        if (passed < list.n && store->cls->events_release != NULL) {
+            int64_t *rest = malloc((list.n - passed) * sizeof *rest);
+            for (size_t i = passed; rest != NULL && i < list.n; i++) {
+                rest[i - passed] = list.items[i].seq;
+            }
+            if (rest != NULL) {
+                store->cls->events_release(store, rest, list.n - passed, NULL);
+            }
+            free(rest);
+        }
+        lapse__event_list_free(&list);
     }
-    /* What the callback never saw goes back at once (a claim is for events in hand). */
-    if (passed < list.n && store->cls->events_release != NULL) {
-        int64_t *rest = malloc((list.n - passed) * sizeof *rest);
-        for (size_t i = passed; rest != NULL && i < list.n; i++) {
-            rest[i - passed] = list.items[i].seq;
-        }
-        if (rest != NULL) {
-            store->cls->events_release(store, rest, list.n - passed, NULL);
-        }
-        free(rest);
-    }
-    lapse__event_list_free(&list);
     free(seqs);
     return rc;
 }

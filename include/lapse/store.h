@@ -225,6 +225,10 @@ LAPSE_API lapse_status_t lapse_store_get(lapse_store_t *store, const char *order
 LAPSE_API lapse_status_t lapse_store_count(lapse_store_t *store, int64_t counts[3],
                                            lapse_error_t *err);
 
+/* Seqs read at a time by lapse_store_events_pending with only_seqs: a page of events
+ * (body, ids) weighs about 150 KB. */
+#define LAPSE_STORE_EVENTS_PAGE 512
+
 /**
  * Call cb for unpublished outbox events, oldest first, at most limit of them; when
  * only_seqs is not NULL, only those with a seq in only_seqs[0..n_seqs). Without only_seqs
@@ -232,7 +236,9 @@ LAPSE_API lapse_status_t lapse_store_count(lapse_store_t *store, int64_t counts[
  * (LAPSE_STORE_EVENT_CLAIM_MS), so competing relays do not publish the same event twice;
  * an event that was not marked published comes back after that. A non-zero
  * return from cb stops the walk. limit 0, or only_seqs with n_seqs 0, matches nothing.
- * The events are read before the first call to cb, so cb may use this same handle.
+ * The events are read in pages (with only_seqs, LAPSE_STORE_EVENTS_PAGE seqs at a
+ * time), each before cb sees its first event, so cb may use this same handle and memory
+ * holds one page, however many seqs are asked for.
  */
 LAPSE_API lapse_status_t lapse_store_events_pending(lapse_store_t *store, size_t limit,
                                                     const int64_t *only_seqs,

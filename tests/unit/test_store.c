@@ -849,6 +849,83 @@ static void cancel_three(fixture_t *f, int64_t seqs[3]) {
     assert_true(seqs[0] < seqs[1] && seqs[1] < seqs[2]);
 }
 
+/* More seqs than a page: read a page at a time, handed over oldest first and once each,
+ * the limit and a stop holding across pages. */
+#define PAGED_N (2 * LAPSE_STORE_EVENTS_PAGE + 100)
+
+typedef struct paged {
+    size_t n;
+    int64_t seq[PAGED_N + 1];
+    size_t stop_after; /* 0: never stop */
+} paged_t;
+
+static int record_paged(void *opaque, const lapse_event_t *event) {
+    paged_t *p = opaque;
+    if (p->n < PAGED_N + 1) {
+        p->seq[p->n] = event->seq;
+    }
+    p->n++;
+    return p->stop_after != 0 && p->n == p->stop_after;
+}
+
+static void test_events_pending_in_pages(void **state) {
+    fixture_t *f = *state;
+    static int64_t seqs[PAGED_N], asked[2 * PAGED_N];
+    for (size_t i = 0; i < PAGED_N; i++) {
+        char id[32];
+        snprintf(id, sizeof id, "paged-%04zu", i);
+        assert_int_equal(insert(f->store, id, DEADLINE, NULL, 0), LAPSE_OK);
+        assert_int_equal(cancel(f->store, id, DEADLINE, &seqs[i]), LAPSE_CANCEL_DONE);
+    }
+    /* Newest first, each twice, and one that is no event. */
+    for (size_t i = 0; i < PAGED_N; i++) {
+        asked[2 * i] = asked[2 * i + 1] = seqs[PAGED_N - 1 - i];
+    }
+    asked[0] = seqs[PAGED_N - 1] + 1000;
+    lapse_error_t err;
+    static paged_t p;
+    memset(&p, 0, sizeof p);
+    assert_int_equal(lapse_store_events_pending(f->store, PAGED_N + 10, asked,
+                                                2 * PAGED_N, record_paged, &p, &err),
+                     LAPSE_OK);
+    assert_int_equal(p.n, PAGED_N);
+    for (size_t i = 0; i < PAGED_N; i++) {
+        assert_int_equal(p.seq[i], seqs[i]);
+    }
+    /* The limit counts across pages. */
+    memset(&p, 0, sizeof p);
+    assert_int_equal(lapse_store_events_pending(f->store, LAPSE_STORE_EVENTS_PAGE + 7,
+                                                asked, 2 * PAGED_N, record_paged, &p,
+                                                &err),
+                     LAPSE_OK);
+    assert_int_equal(p.n, LAPSE_STORE_EVENTS_PAGE + 7);
+    assert_int_equal(p.seq[LAPSE_STORE_EVENTS_PAGE + 6],
+                     seqs[LAPSE_STORE_EVENTS_PAGE + 6]);
+    /* A stop in the second page ends the walk there. */
+    memset(&p, 0, sizeof p);
+    p.stop_after = LAPSE_STORE_EVENTS_PAGE + 3;
+    assert_int_equal(lapse_store_events_pending(f->store, PAGED_N, asked, 2 * PAGED_N,
+                                                record_paged, &p, &err),
+                     LAPSE_OK);
+    assert_int_equal(p.n, LAPSE_STORE_EVENTS_PAGE + 3);
+    /* Those marked published are skipped, in whatever page they were. */
+    int64_t odd[PAGED_N / 2];
+    for (size_t i = 0; i < PAGED_N / 2; i++) {
+        odd[i] = seqs[2 * i + 1];
+    }
+    assert_int_equal(
+        lapse_store_events_mark_published(f->store, odd, PAGED_N / 2, DEADLINE, &err),
+        LAPSE_OK);
+    memset(&p, 0, sizeof p);
+    assert_int_equal(lapse_store_events_pending(f->store, PAGED_N, asked, 2 * PAGED_N,
+                                                record_paged, &p, &err),
+                     LAPSE_OK);
+    assert_int_equal(p.n, PAGED_N / 2);
+    for (size_t i = 0; i < PAGED_N / 2; i++) {
+        assert_int_equal(p.seq[i], seqs[2 * i]);
+    }
+}
+
 static void test_events_pending_and_mark_published(void **state) {
     fixture_t *f = *state;
     int64_t seqs[3];
@@ -1299,6 +1376,7 @@ int main(void) {
         T(test_cancel_event_body_names_order_deadline_and_holds),
         T(test_cancel_event_body_is_stored_as_written),
         T(test_events_pending_and_mark_published),
+        T(test_events_pending_in_pages),
         T(test_events_pending_filters_by_seq),
         T(test_events_pending_stops_when_callback_says_so),
         T(test_events_pending_callback_may_use_the_store),
