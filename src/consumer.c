@@ -59,7 +59,8 @@ void lapse__consumer_set_metrics(lapse_consumer_t *c, lapse__metrics_t *metrics)
 
 void lapse__delivery_why(delivery_t *d, const char *fmt, ...) {
     if (d->reason == NULL && (d->reason = malloc(CONSUMER_REASON_MAX)) == NULL) {
-        return; /* lapse__delivery_reason says "out of memory" */
+        d->reason_lost = true; /* lapse__delivery_reason says so */
+        return;
     }
     va_list ap;
     va_start(ap, fmt);
@@ -68,7 +69,7 @@ void lapse__delivery_why(delivery_t *d, const char *fmt, ...) {
 }
 
 const char *lapse__delivery_reason(const delivery_t *d) {
-    return d->reason != NULL ? d->reason : "";
+    return d->reason != NULL ? d->reason : d->reason_lost ? "out of memory" : "";
 }
 
 static void drop_batch(lapse_consumer_t *c) {

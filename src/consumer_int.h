@@ -100,6 +100,7 @@ typedef struct delivery {
      * CONSUMER_REASON_MAX bytes of its own, freed with the batch (lapse__delivery_why).
      */
     char *reason;
+    bool reason_lost; /* it could not be allocated */
     uint64_t fwd_tag; /* its forward's publish tag on the out connection, 0: none */
     /* Its forward's outcome (LAPSE_ERR_BROKER_TIMEOUT while unsettled). */
     lapse_status_t fwd_rc;
