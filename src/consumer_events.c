@@ -151,6 +151,26 @@ bool lapse__consumer_events(lapse_consumer_t *c, const int64_t *only, size_t n_o
     return true;
 }
 
+/* Publishes all that is owed now, as a round left open: confirmed while the next
+ * batches are cancelled, until lapse__consumer_events_settle finds its confirms in. */
+static void start_round(lapse_consumer_t *c) {
+    lapse_error_t err = {0};
+    if (lapse__consumer_ensure_out(c, &err) != LAPSE_OK) {
+        return;
+    }
+    size_t n = c->n_owed;
+    lapse_status_t rc = lapse__relay_start(&c->relay, &c->out, c->store,
+                                           c->topo.events_exchange, c->owed, n, n, &err);
+    c->relay_owed = n;
+    c->relay_since = lapse__mono_ms();
+    if (rc != LAPSE_OK) {
+        lapse__relay_report_t report;
+        rc = lapse__relay_finish(&c->relay, rc, &report, &err);
+        c->relay_owed = 0;
+        round_done(c, rc, &report, &err);
+    }
+}
+
 void lapse__consumer_events_owed(lapse_consumer_t *c) {
     if (!lapse__consumer_events_settle(c, false) || c->n_owed == 0 ||
         lapse__mono_ms() < lapse__consumer_owed_due(c) ||
@@ -167,23 +187,7 @@ void lapse__consumer_events_owed(lapse_consumer_t *c) {
         }
         return;
     }
-    /* Published now, confirmed while the next batches are cancelled: the round stays
-     * open until lapse__consumer_events_settle finds its confirms in. */
-    lapse_error_t err = {0};
-    if (lapse__consumer_ensure_out(c, &err) != LAPSE_OK) {
-        return;
-    }
-    size_t n = c->n_owed;
-    lapse_status_t rc = lapse__relay_start(&c->relay, &c->out, c->store,
-                                           c->topo.events_exchange, c->owed, n, n, &err);
-    c->relay_owed = n;
-    c->relay_since = lapse__mono_ms();
-    if (rc != LAPSE_OK) {
-        lapse__relay_report_t report;
-        rc = lapse__relay_finish(&c->relay, rc, &report, &err);
-        c->relay_owed = 0;
-        round_done(c, rc, &report, &err);
-    }
+    start_round(c);
 }
 
 int64_t lapse__consumer_owed_due(const lapse_consumer_t *c) {
@@ -205,6 +209,23 @@ void lapse__consumer_owe(lapse_consumer_t *c, const int64_t *seqs, size_t n) {
     if (n > cap) { /* cannot happen: a batch is at most 32767 deliveries */
         seqs += n - cap;
         n = cap;
+    }
+    /* Cancelling ran ahead of the events' confirms while the broker takes them: wait
+     * for the open round (at most CONSUMER_CONFIRM_WAIT_MS) and start the next, so the
+     * events keep pace with the cancellations instead of falling to the backlog pass. */
+    while (c->n_owed + n > cap && c->events_attempt == 0 &&
+           lapse__mono_ms() >= lapse__consumer_owed_due(c)) {
+        if (!c->relay.active) {
+            start_round(c);
+            if (!c->relay.active) {
+                break; /* failed, logged: the connection's backoff has begun */
+            }
+        }
+        size_t before = c->n_owed;
+        lapse__consumer_events_settle(c, true);
+        if (c->n_owed == before) {
+            break; /* the round failed or came back: the backoff decides */
+        }
     }
     if (c->n_owed + n > cap) {
         /* Held back long (no queue bound, no connection): the oldest are left to the

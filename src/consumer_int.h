@@ -48,11 +48,12 @@
 /* On SIGTERM/SIGINT, how long the consumer keeps publishing the events it owes. */
 #define CONSUMER_STOP_EVENTS_MS 5000
 /* Events of its own cancellations a consumer remembers while they cannot go out; older
- * ones are left to the backlog pass (8 bytes each). Far above what flows between two
- * rounds (a round starts at CONSUMER_EVENTS_CHUNK or after CONSUMER_EVENTS_DELAY_MS), so
- * only events held back (no queue bound, no connection) ever reach it. It was 100000:
- * 800 KB that a consumer with no events queue filled within a minute, the whole of its
- * peak RSS growth from 10k to 1M orders (issue 14). */
+ * ones are left to the backlog pass (8 bytes each). Only events held back (no queue
+ * bound, no connection) ever reach it: when cancelling merely runs ahead of the events'
+ * confirms, the consumer waits for the open round before it owes more (issue 14: a
+ * 100k drain at 11k orders/s had left 1702 events to the backlog at its stop). It was
+ * 100000: 800 KB that a consumer with no events queue filled within a minute, the
+ * whole of its peak RSS growth from 10k to 1M orders. */
 #define CONSUMER_OWED_MAX 8192
 /* Orders one sweep call handles per part, and the time one call may take (it may
  * overrun by one store wait, SQLite's 5 s busy timeout), before deliveries get their
@@ -223,7 +224,9 @@ lapse_status_t lapse__consumer_forward(lapse_consumer_t *c, lapse_error_t *err);
 bool lapse__consumer_events(lapse_consumer_t *c, const int64_t *only, size_t n_only,
                             size_t limit);
 
-/** Remember seqs (outbox rows of this consumer's cancellations) as owed. */
+/** Remember seqs (outbox rows of this consumer's cancellations) as owed. When that
+ *  would overflow CONSUMER_OWED_MAX while the events go out, it first waits for the open
+ *  round's confirms (and publishes the next); otherwise the oldest go to the backlog. */
 void lapse__consumer_owe(lapse_consumer_t *c, const int64_t *seqs, size_t n);
 
 /** When (mono) owed events may be tried next (the events' or the connection's backoff).
