@@ -313,6 +313,19 @@ static text_t seq_list(const int64_t *seqs, size_t n) {
     return list;
 }
 
+/* Whether seqs (n > 0) are one run, seqs[0], seqs[0] + 1, ...: what a round of events
+ * mostly is (a consumer's cancellations are recorded one after the other). Such a set
+ * is read and marked with a range of rowids instead of a JSON array through json_each,
+ * which parsed the array and built an ephemeral index of it first (issue 14). */
+static bool is_run(const int64_t *seqs, size_t n) {
+    for (size_t i = 1; i < n; i++) {
+        if (seqs[i] != seqs[0] + (int64_t)i) {
+            return false;
+        }
+    }
+    return true;
+}
+
 /* Runs a statement and hands each row it returns to row (which may fail the run). */
 typedef lapse_status_t (*row_fn)(void *ctx, sqlite3_stmt *st, lapse_error_t *err);
 
@@ -781,6 +794,10 @@ static lapse_status_t sq_events_pending(lapse_store_t *store, size_t limit,
     if (n_seqs == 0) {
         return LAPSE_OK;
     }
+    if (is_run(seqs, n_seqs)) {
+        return collect_events(s, ST_EVENTS_BY_RANGE, limit, out, err, "ii", seqs[0],
+                              seqs[n_seqs - 1]);
+    }
     text_t list = seq_list(seqs, n_seqs);
     lapse_status_t rc =
         list.failed ? lapse_error_set(err, LAPSE_ERR_NOMEM, "events: seqs")
@@ -797,8 +814,17 @@ static lapse_status_t sq_events_mark_published(lapse_store_t *store, const int64
         return LAPSE_OK;
     }
     /* One statement for the round. */
-    text_t list = seq_list(seqs, n);
     lapse_status_t rc = LAPSE_OK;
+    if (is_run(seqs, n)) {
+        if ((rc = run(s, ST_BEGIN_WRITE, NULL, err, "")) == LAPSE_OK) {
+            rc = end(s,
+                     run(s, ST_EVENTS_PUBLISHED_RANGE, NULL, err, "iii", now_ms, seqs[0],
+                         seqs[n - 1]),
+                     err);
+        }
+        return rc;
+    }
+    text_t list = seq_list(seqs, n);
     if (list.failed) {
         rc = lapse_error_set(err, LAPSE_ERR_NOMEM, "events: mark published");
     } else if ((rc = run(s, ST_BEGIN_WRITE, NULL, err, "")) == LAPSE_OK) {

@@ -78,7 +78,9 @@ static const char MIGRATE_V4_SQL[] =
 /* Every statement the backend runs; prepared at open, reset after each use. Statements
  * over a set of orders (a cancel batch, a mark-scheduled batch) take it as one JSON array
  * bound to a parameter and read it with json_each: one statement per batch instead of
- * one per order. ORDERS_CANCEL looks its orders up by id: the unary + keeps the planner
+ * one per order (a set of event seqs that is one run, seq, seq + 1, ..., goes in as the
+ * range of it instead: EVENTS_BY_RANGE, EVENTS_PUBLISHED_RANGE). ORDERS_CANCEL looks its
+ * orders up by id: the unary + keeps the planner
  * from walking an index by status or deadline (every due pending order) instead. The
  * page walks name their partial index: without ANALYZE statistics the planner preferred
  * the index by status that schema version 3 had, and sorted every page in a temporary
@@ -138,6 +140,12 @@ static const char MIGRATE_V4_SQL[] =
     X(EVENTS_PUBLISHED, "UPDATE events SET published_at_ms = ?1"                         \
                         " WHERE seq IN (SELECT value FROM json_each(?2))"                \
                         " AND published_at_ms IS NULL")                                  \
+    X(EVENTS_BY_RANGE, "SELECT seq, event_id, order_id, body FROM events"                \
+                       " WHERE seq BETWEEN ?1 AND ?2 AND published_at_ms IS NULL"        \
+                       " ORDER BY seq")                                                  \
+    X(EVENTS_PUBLISHED_RANGE,                                                            \
+      "UPDATE events SET published_at_ms = ?1"                                           \
+      " WHERE seq BETWEEN ?2 AND ?3 AND published_at_ms IS NULL")                        \
     X(EVENTS_COUNT, "SELECT count(*) FROM events WHERE published_at_ms IS NULL")         \
     X(PRUNE_PICK, "INSERT INTO temp.prune_ids SELECT order_id FROM orders"               \
                   " INDEXED BY orders_settled_deadline WHERE status <> 'pending'"        \

@@ -1016,6 +1016,44 @@ static void test_events_pending_filters_by_seq(void **state) {
     assert_int_equal(limited.seq[0], seqs[0]);
 }
 
+/* Seqs one after the other (a round of a consumer's own cancellations, read and marked
+ * as a range of seqs where the store can): the same outcome as any other set. */
+static void test_events_in_a_run(void **state) {
+    fixture_t *f = *state;
+    int64_t seqs[3];
+    lapse_error_t err;
+    cancel_three(f, seqs);
+    /* The last two and one past them that is no event. */
+    const int64_t tail[] = {seqs[1], seqs[2], seqs[2] + 1};
+    assert_int_equal(
+        lapse_store_events_mark_published(f->store, tail, 3, DEADLINE + 1, &err),
+        LAPSE_OK);
+    static const char marked[] =
+        "SELECT count(*) FROM events WHERE published_at_ms IS NOT NULL";
+    assert_int_equal(query_int(f, marked), 2);
+    static const char second[] = "SELECT published_at_ms FROM events"
+                                 " WHERE event_id = 'order.cancelled:ord-2'";
+    int64_t second_at = query_int(f, second);
+    const int64_t all[] = {seqs[0], seqs[1], seqs[2]};
+    seen_t seen = {0};
+    assert_int_equal(
+        lapse_store_events_pending(f->store, 10, all, 3, record_event, &seen, &err),
+        LAPSE_OK);
+    assert_int_equal(seen.n, 1);
+    assert_int_equal(seen.seq[0], seqs[0]);
+    /* The first two: the first gets marked, the second keeps its first time. */
+    assert_int_equal(
+        lapse_store_events_mark_published(f->store, all, 2, DEADLINE + 2, &err),
+        LAPSE_OK);
+    assert_int_equal(query_int(f, marked), 3);
+    assert_int_equal(query_int(f, second), second_at);
+    memset(&seen, 0, sizeof seen);
+    assert_int_equal(
+        lapse_store_events_pending(f->store, 10, all, 3, record_event, &seen, &err),
+        LAPSE_OK);
+    assert_int_equal(seen.n, 0);
+}
+
 static void test_events_pending_stops_when_callback_says_so(void **state) {
     fixture_t *f = *state;
     int64_t seqs[3];
@@ -1378,6 +1416,7 @@ int main(void) {
         T(test_events_pending_and_mark_published),
         T(test_events_pending_in_pages),
         T(test_events_pending_filters_by_seq),
+        T(test_events_in_a_run),
         T(test_events_pending_stops_when_callback_says_so),
         T(test_events_pending_callback_may_use_the_store),
         T(test_count),
