@@ -350,13 +350,13 @@ static lapse_status_t each_row(sqlite_store_t *s, stmt_id_t id, row_fn row, void
     return rc;
 }
 
-/* A cancel batch, settled with a fixed number of statements whatever its size: one
- * UPDATE ... RETURNING cancels every due pending order of the batch, one SELECT explains
- * the rest, one UPDATE releases the holds of the cancelled, one SELECT reads them for
- * the events, one INSERT ... SELECT records the events. The orders go in as JSON arrays
- * of their ids. The items are found again by id through refs, sorted by (id, position),
- * so that an id given twice is decided for its first item, as if the items were
- * cancelled one after the other: the first cancelled, the next ones noop_cancelled. */
+/* A cancel batch: one UPDATE ... RETURNING cancels every due pending order of the
+ * batch, one SELECT explains the rest, one UPDATE releases the holds of the cancelled,
+ * one SELECT reads them for the events (the orders go in as JSON arrays of their ids),
+ * and one prepared INSERT per event records it. The items are found again by id through
+ * refs, sorted by (id, position), so that an id given twice is decided for its first
+ * item, as if the items were cancelled one after the other: the first cancelled, the next
+ * ones noop_cancelled. */
 typedef struct id_ref {
     const char *id;
     size_t item;
@@ -374,7 +374,6 @@ typedef struct cancel_batch {
     text_t names;
     size_t *hold_off, n_holds, cap_holds;
     size_t *hold_at, *hold_n; /* by item */
-    text_t events;            /* {"order id": body, ...} in item order */
 } cancel_batch_t;
 
 static int compare_refs(const void *a, const void *b) {
@@ -500,36 +499,15 @@ static lapse_status_t on_hold(void *ctx, sqlite3_stmt *st, lapse_error_t *err) {
                            : LAPSE_OK;
 }
 
-/* A row of EVENTS_INSERT (seq, order id): the event of the id's first item. */
-static lapse_status_t on_event(void *ctx, sqlite3_stmt *st, lapse_error_t *err) {
-    cancel_batch_t *c = ctx;
-    size_t r;
-    const char *id = (const char *)sqlite3_column_text(st, 1);
-    r = id != NULL ? find_ref(c, id) : c->n_refs;
-    if (r == c->n_refs) {
-        return lapse_error_set(err, LAPSE_ERR_STORE_SQL,
-                               "cancel: an event not asked for");
-    }
-    c->items[c->refs[r].item].event_seq = sqlite3_column_int64(st, 0);
-    return LAPSE_OK;
-}
-
-/* The events of the cancelled items, in item order, as {"order id": body, ...}: an
- * object, so that json_each hands each id (key) and body (value) over as text. Each body
- * goes in as the JSON object it is, not as a string of it: json_each gives an object
- * value back as its JSON text, which SQLite writes from the parsed input with every
- * string and number token copied as it came, so a compact body (lapse__event_body
- * writes no whitespace) comes back byte for byte (test_cancel_event_body_is_stored_as_
- * written checks it with escapes, control characters and non-ASCII holds). As a string
- * it was escaped here and unescaped by SQLite again: 5 % of a consumer's instructions.
- * An array
- * of [id, body] pairs, read with ->>, made SQLite 3.40 allocate a copy of the whole
- * array for every row: quadratic in the batch, and 17 MB of churn that an ASan build's
- * quarantine kept (integration_bodies). The ids are distinct: one event per order.
- * EVENTS_INSERT takes them in json_each's order, the object's, with no ORDER BY: a sort
- * cost a 128 KiB buffer (mmap'd and faulted in) per batch, and nothing needs the seqs
- * in item order (on_event finds each item by its id). */
-static lapse_status_t events_json(cancel_batch_t *c, int64_t now_ms, lapse_error_t *err) {
+/* The events of the cancelled items, in item order: one prepared INSERT each, its seq
+ * from sqlite3_last_insert_rowid, each body bound as lapse__event_body wrote it. One
+ * INSERT ... SELECT over a JSON object of the batch's bodies took as many instructions
+ * (it was built here, parsed by json_each and each value written out again as text),
+ * but the object and SQLite's parse of it weighed about 0.5 MB of a draining consumer's
+ * peak RSS (issue 14: 100k orders with the events persisted, 8.15-8.27 MB against
+ * 7.60-7.68 MB one per event). */
+static lapse_status_t record_events(sqlite_store_t *s, cancel_batch_t *c, int64_t now_ms,
+                                    lapse_error_t *err) {
     char **names = malloc((c->n_holds > 0 ? c->n_holds : 1) * sizeof(*names));
     if (names == NULL) {
         return lapse_error_set(err, LAPSE_ERR_NOMEM, "cancel: events");
@@ -538,10 +516,8 @@ static lapse_status_t events_json(cancel_batch_t *c, int64_t now_ms, lapse_error
         names[h] = c->names.p + c->hold_off[h];
     }
     lapse_status_t rc = LAPSE_OK;
-    bool first = true;
-    text_char(&c->events, '{');
     for (size_t i = 0; rc == LAPSE_OK && i < c->n; i++) {
-        const lapse_cancel_item_t *item = &c->items[i];
+        lapse_cancel_item_t *item = &c->items[i];
         if (item->outcome != LAPSE_CANCEL_DONE) {
             continue;
         }
@@ -552,18 +528,13 @@ static lapse_status_t events_json(cancel_batch_t *c, int64_t now_ms, lapse_error
                                  item->order_id);
             break;
         }
-        text_put(&c->events, first ? "\"" : ",\"", first ? 1 : 2);
-        text_put(&c->events, item->order_id, strlen(item->order_id));
-        text_put(&c->events, "\":", 2);
-        text_put(&c->events, body, strlen(body));
-        first = false;
+        rc = run(s, ST_EVENT_INSERT, NULL, err, "tti", item->order_id, body, now_ms);
         free(body);
+        if (rc == LAPSE_OK) {
+            item->event_seq = sqlite3_last_insert_rowid(s->db);
+        }
     }
-    text_char(&c->events, '}');
     free(names);
-    if (rc == LAPSE_OK && c->events.failed) {
-        rc = lapse_error_set(err, LAPSE_ERR_NOMEM, "cancel: events");
-    }
     return rc;
 }
 
@@ -593,13 +564,10 @@ static lapse_status_t cancel_in_transaction(sqlite_store_t *s, cancel_batch_t *c
     if (rc == LAPSE_OK) {
         rc = each_row(s, ST_HOLDS_READ_SET, on_hold, c, err, "t", c->ids.p);
     }
-    if (rc == LAPSE_OK) {
-        rc = events_json(c, now_ms, err);
-    }
     /* event_id is UNIQUE: were a second cancellation of an order ever to get past the
-     * CAS, this insert would fail and roll the batch back rather than emit it twice. */
+     * CAS, an insert would fail and roll the batch back rather than emit it twice. */
     if (rc == LAPSE_OK) {
-        rc = each_row(s, ST_EVENTS_INSERT, on_event, c, err, "ti", c->events.p, now_ms);
+        rc = record_events(s, c, now_ms, err);
     }
     return rc;
 }
@@ -646,7 +614,6 @@ static lapse_status_t sq_cancel_batch(lapse_store_t *store, lapse_cancel_item_t 
     free(c.hold_off);
     free(c.ids.p);
     free(c.names.p);
-    free(c.events.p);
     return rc;
 }
 

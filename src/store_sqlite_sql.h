@@ -116,10 +116,8 @@ static const char MIGRATE_V4_SQL[] =
     X(HOLDS_READ_SET, "SELECT order_id, resource FROM holds"                             \
                       " WHERE order_id IN (SELECT value FROM json_each(?1))"             \
                       " ORDER BY order_id, resource")                                    \
-    X(EVENTS_INSERT, "INSERT INTO events (event_id, order_id, body, created_at_ms)"      \
-                     " SELECT '" LAPSE_EVENT_CANCELLED ":' || key, key, value, ?2"       \
-                     " FROM json_each(?1)"                                               \
-                     " RETURNING seq, order_id")                                         \
+    X(EVENT_INSERT, "INSERT INTO events (event_id, order_id, body, created_at_ms)"       \
+                    " VALUES ('" LAPSE_EVENT_CANCELLED ":' || ?1, ?1, ?2, ?3)")          \
     X(PENDING_PAGE, "SELECT order_id, deadline_ms, created_at_ms, scheduled"             \
                     " FROM orders INDEXED BY orders_pending_deadline"                    \
                     " WHERE status = 'pending' AND (deadline_ms, order_id) > (?1, ?2)"   \
