@@ -780,22 +780,18 @@ static lapse_status_t sq_events_mark_published(lapse_store_t *store, const int64
     if (n == 0) {
         return LAPSE_OK;
     }
-    /* One statement for the round. */
+    /* One statement for the round: a range when the seqs are one run. */
+    bool range = is_run(seqs, n);
+    text_t list = range ? (text_t){0} : seq_list(seqs, n);
     lapse_status_t rc = LAPSE_OK;
-    if (is_run(seqs, n)) {
-        if ((rc = run(s, ST_BEGIN_WRITE, NULL, err, "")) == LAPSE_OK) {
-            rc = end(s,
-                     run(s, ST_EVENTS_PUBLISHED_RANGE, NULL, err, "iii", now_ms, seqs[0],
-                         seqs[n - 1]),
-                     err);
-        }
-        return rc;
-    }
-    text_t list = seq_list(seqs, n);
     if (list.failed) {
         rc = lapse_error_set(err, LAPSE_ERR_NOMEM, "events: mark published");
     } else if ((rc = run(s, ST_BEGIN_WRITE, NULL, err, "")) == LAPSE_OK) {
-        rc = end(s, run(s, ST_EVENTS_PUBLISHED, NULL, err, "it", now_ms, list.p), err);
+        rc = end(s,
+                 range ? run(s, ST_EVENTS_PUBLISHED_RANGE, NULL, err, "iii", now_ms,
+                             seqs[0], seqs[n - 1])
+                       : run(s, ST_EVENTS_PUBLISHED, NULL, err, "it", now_ms, list.p),
+                 err);
     }
     free(list.p);
     return rc;
