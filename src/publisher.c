@@ -1,11 +1,13 @@
 /* SPDX-License-Identifier: MIT
  * Publisher: orders recorded in batches, expiry messages published with confirms.
  *
- * Two batches take turns: while the broker confirms one, the next is recorded and
- * published, so the connection never runs dry between batches. A batch is marked
- * scheduled and reported once all of its publishes are settled. A lost connection is
- * reopened with backoff and every publish not yet confirmed is sent again (a duplicate
- * message is a no-op for the consumer). */
+ * Three batches take turns in a ring: at most two are published and wait for their
+ * confirms (the window) while the third is filled and recorded. A full batch is recorded
+ * before the oldest one is waited for, and published the moment that one is settled, so
+ * the broker (which confirms in bursts) never waits for the publisher's store work. A
+ * batch is marked scheduled and reported once all of its publishes are settled. A lost
+ * connection is reopened with backoff and every publish not yet confirmed is sent again
+ * (a duplicate message is a no-op for the consumer). */
 #include <lapse/publisher.h>
 
 #include "broker_int.h"
@@ -16,9 +18,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define BATCH           500  /* orders per store transaction */
-#define HOLD_MS         20   /* the longest an order waits for its batch to fill */
-#define WINDOW          1000 /* publishes in flight: two batches */
+#define BATCH           500 /* orders per store transaction */
+#define HOLD_MS         20  /* the longest an order waits for its batch to fill */
+#define FLIGHT          2   /* batches published and waiting for their confirms */
+#define RING            (FLIGHT + 1)     /* ... and the one being filled */
+#define WINDOW          (FLIGHT * BATCH) /* publishes in flight */
 #define CONFIRM_WAIT_MS 30000
 #define STORE_ATTEMPTS  8
 #define RECOVER_TRIES                                                                    \
@@ -55,16 +59,22 @@ struct lapse_publisher {
     void *opaque;
     lapse__topology_t topo;
     lapse__broker_t broker;
-    batch_t b[2];
-    int cur;           /* the batch being filled; b[!cur] may be in flight */
-    bool in_flight;    /* b[!cur] is published and waits for its confirms */
+    batch_t b[RING];
+    int cur;           /* the batch being filled */
+    int n_flight;      /* the n_flight batches before b[cur] in the ring (oldest first)
+                          are published and wait for their confirms, 0..FLIGHT */
     int64_t polled_at; /* last look at the connection between flushes */
     const volatile sig_atomic_t *stop; /* borrowed, may be NULL */
 };
 
+/* The i-th batch in flight, oldest first (i < n_flight). */
+static batch_t *flight(lapse_publisher_t *pub, int i) {
+    return &pub->b[(pub->cur + RING - pub->n_flight + i) % RING];
+}
+
 static void on_settle(void *opaque, uint64_t tag, lapse_status_t outcome) {
     lapse_publisher_t *pub = opaque;
-    for (int k = 0; k < 2; k++) {
+    for (int k = 0; k < RING; k++) {
         batch_t *b = &pub->b[k];
         if (b->first_tag == 0 || tag < b->first_tag || tag > b->last_tag) {
             continue;
@@ -96,7 +106,7 @@ lapse_publisher_t *lapse_publisher_open(const lapse_config_t *cfg, lapse_store_t
                                         lapse_status_t *rc, lapse_error_t *err) {
     lapse_publisher_t *pub = calloc(1, sizeof *pub);
     bool ok = pub != NULL;
-    for (int k = 0; ok && k < 2; k++) {
+    for (int k = 0; ok && k < RING; k++) {
         pub->b[k].e = calloc(BATCH, sizeof *pub->b[k].e);
         pub->b[k].by_offset = calloc(BATCH, sizeof *pub->b[k].by_offset);
         ok = pub->b[k].e && pub->b[k].by_offset;
@@ -271,7 +281,7 @@ static lapse_status_t publish(lapse_publisher_t *pub, batch_t *b, lapse_error_t 
 }
 
 /* The connection failed: reopen it with backoff and publish again whatever it took
- * down unconfirmed, the older batch first. */
+ * down unconfirmed, the batches in flight oldest first. */
 static lapse_status_t recover(lapse_publisher_t *pub, lapse_status_t why,
                               lapse_error_t *err) {
     lapse_status_t rc = why;
@@ -293,11 +303,8 @@ static lapse_status_t recover(lapse_publisher_t *pub, lapse_status_t why,
         rc = lapse__broker_open(&pub->broker, pub->cfg, "lapse publish", WINDOW,
                                 on_settle, pub, err);
         pub->broker.stop = pub->stop;
-        if (rc == LAPSE_OK && pub->in_flight) {
-            rc = publish(pub, &pub->b[!pub->cur], err);
-        }
-        if (rc == LAPSE_OK) {
-            rc = publish(pub, &pub->b[pub->cur], err);
+        for (int i = 0; rc == LAPSE_OK && i < pub->n_flight; i++) {
+            rc = publish(pub, flight(pub, i), err);
         }
         if (rc == LAPSE_OK) {
             return rc;
@@ -373,58 +380,86 @@ static void complete(lapse_publisher_t *pub, batch_t *b) {
     report(pub, b);
 }
 
-/* Record and publish the batch being filled; then settle the one in flight before it
- * (all = true: settle both). */
+/* Fail what is still unsettled in b with code (and err's text, when there is one). */
+static void fail_batch(batch_t *b, lapse_status_t code, const lapse_error_t *err) {
+    lapse_error_t why = {.code = code};
+    snprintf(why.text, sizeof why.text, "%s", err ? err->text : lapse_strerror(code));
+    fail_unsettled(b, &why);
+}
+
+/* b's publishes are all confirmed already, none lost with a connection. */
+static bool settled_now(const lapse_publisher_t *pub, const batch_t *b) {
+    if (b->first_tag != 0 && pub->broker.first_open <= b->last_tag) {
+        return false;
+    }
+    for (size_t i = 0; i < b->n; i++) {
+        if (b->e[i].rc == LAPSE_ERR_BROKER_CLOSED) {
+            return false;
+        }
+    }
+    return true;
+}
+
+/* Record the batch being filled; once the window has room for it (the oldest batch in
+ * flight settled, when two are), publish it, then mark and report the settled one.
+ * all = true: then settle and report every batch in flight. After a failure every batch
+ * in flight is failed and reported too. */
 static lapse_status_t cycle(lapse_publisher_t *pub, bool all, lapse_error_t *err) {
     batch_t *cur = &pub->b[pub->cur];
-    batch_t *prev = &pub->b[!pub->cur];
-    lapse_status_t rc = LAPSE_OK;
+    lapse_status_t rrc = LAPSE_OK; /* recording cur */
+    lapse_status_t rc = LAPSE_OK;  /* the broker's part */
     if (cur->n > 0) {
-        rc = record(pub, cur, err);
-        if (rc != LAPSE_OK) {
-            /* Nothing of it was written: report it failed; the one in flight is still
+        rrc = record(pub, cur, err);
+        if (rrc != LAPSE_OK) {
+            /* Nothing of it was written: report it failed; those in flight are still
              * settled below. */
             report(pub, cur);
-        } else {
+        }
+    }
+    batch_t *done = NULL; /* settled, marked and reported once cur is on its way */
+    if (cur->n > 0 && pub->n_flight == FLIGHT) {
+        done = flight(pub, 0);
+        rc = settle(pub, done, err);
+        pub->n_flight--;
+        if (rc != LAPSE_OK) {
+            fail_batch(done, rc, err);
+            fail_batch(cur, rc, err);
+        }
+    }
+    if (cur->n > 0) {
+        pub->n_flight++;
+        pub->cur = (pub->cur + 1) % RING;
+        if (rc == LAPSE_OK) {
             rc = publish(pub, cur, err);
             if (rc != LAPSE_OK && rc != LAPSE_ERR_STOPPED) {
                 rc = recover(pub, rc, err);
             }
         }
     }
-    lapse_status_t src = LAPSE_OK;
-    if (pub->in_flight) {
-        src = settle(pub, prev, err);
-        if (src != LAPSE_OK) {
-            lapse_error_t why = {.code = src};
-            snprintf(why.text, sizeof why.text, "%s",
-                     err ? err->text : lapse_strerror(src));
-            fail_unsettled(prev, &why);
-            fail_unsettled(cur, &why);
-        }
-        complete(pub, prev);
-        pub->in_flight = false;
+    if (done) {
+        complete(pub, done);
     }
-    if (cur->n > 0) {
-        pub->in_flight = true;
-        pub->cur = !pub->cur;
-        if (all || src != LAPSE_OK || rc != LAPSE_OK) {
-            lapse_status_t lrc = src != LAPSE_OK ? src : rc;
-            if (lrc == LAPSE_OK) {
-                lrc = settle(pub, cur, err);
-            }
-            if (lrc != LAPSE_OK) {
-                lapse_error_t why = {.code = lrc};
-                snprintf(why.text, sizeof why.text, "%s",
-                         err ? err->text : lapse_strerror(lrc));
-                fail_unsettled(cur, &why);
-            }
-            complete(pub, cur);
-            pub->in_flight = false;
-            rc = rc != LAPSE_OK ? rc : lrc;
-        }
+    /* The rest in flight, oldest first: all of them when flushing or failing; else those
+     * already settled, so that a trickle of orders is reported without waiting for the
+     * batches after it. */
+    if (rc == LAPSE_OK && !all && pub->n_flight > 1) {
+        lapse__broker_poll(&pub->broker, 0, NULL); /* a failure shows at the next wait */
     }
-    return rc != LAPSE_OK ? rc : src;
+    while (pub->n_flight > 0) {
+        batch_t *b = flight(pub, 0);
+        if (rc == LAPSE_OK && !all && (b == cur || !settled_now(pub, b))) {
+            break;
+        }
+        if (rc == LAPSE_OK) {
+            rc = settle(pub, b, err);
+        }
+        if (rc != LAPSE_OK) {
+            fail_batch(b, rc, err);
+        }
+        pub->n_flight--;
+        complete(pub, b);
+    }
+    return rrc != LAPSE_OK ? rrc : rc;
 }
 
 void lapse_publisher_set_stop(lapse_publisher_t *pub, const volatile sig_atomic_t *stop) {
@@ -496,7 +531,11 @@ lapse_status_t lapse_publisher_submit(lapse_publisher_t *pub,
 }
 
 size_t lapse_publisher_pending(const lapse_publisher_t *pub) {
-    return pub->b[0].n + pub->b[1].n;
+    size_t n = 0;
+    for (int k = 0; k < RING; k++) {
+        n += pub->b[k].n;
+    }
+    return n;
 }
 
 void lapse_publisher_close(lapse_publisher_t *pub) {
@@ -508,14 +547,14 @@ void lapse_publisher_close(lapse_publisher_t *pub) {
     lapse__broker_close(&pub->broker);
     lapse_error_t why = {.code = LAPSE_ERR_BROKER_CLOSED};
     snprintf(why.text, sizeof why.text, "not published: the publisher was closed first");
-    for (int k = 0; k < 2; k++) {
-        batch_t *b = &pub->b[!pub->cur ^ k]; /* the older batch first */
+    for (int k = 1; k <= RING; k++) {
+        batch_t *b = &pub->b[(pub->cur + k) % RING]; /* the oldest batch first */
         if (b->e && b->n > 0) {
             fail_unsettled(b, &why);
             report(pub, b);
         }
     }
-    for (int k = 0; k < 2; k++) {
+    for (int k = 0; k < RING; k++) {
         free(pub->b[k].e);
         free(pub->b[k].by_offset);
     }
