@@ -2,8 +2,12 @@
  * bench_publish: the publish ceiling. Publishes N persistent messages of lapse's size and
  * shape into a durable queue with pipelined publisher confirms, and prints the rate.
  *
- * usage: bench_publish URL QUEUE N [WINDOW] [classic|quorum]
- * Prints "published=N seconds=S rate=R" on stdout; exits 1 on any error or nack. */
+ * usage: bench_publish URL QUEUE N [WINDOW] [classic|quorum] [EXCHANGE ROUTING_KEY]
+ * With EXCHANGE and ROUTING_KEY the messages go to that exchange, `mandatory`, as lapse
+ * publishes them (QUEUE is then not declared: it is the one the exchange routes to, in a
+ * topology the caller declared); else to the default exchange, routed to QUEUE.
+ * Prints "published=N seconds=S rate=R" on stdout; exits 1 on any error, nack or return.
+ */
 #include "bench_common.h"
 
 #include <stdio.h>
@@ -12,17 +16,24 @@
 #include <sys/time.h>
 
 int main(int argc, char **argv) {
-    if (argc < 4 || argc > 6) {
-        fputs("usage: bench_publish URL QUEUE N [WINDOW] [classic|quorum]\n", stderr);
+    if (argc < 4 || argc == 7 || argc > 8) {
+        fputs("usage: bench_publish URL QUEUE N [WINDOW] [classic|quorum] "
+              "[EXCHANGE ROUTING_KEY]\n",
+              stderr);
         return 2;
     }
     const char *queue = argv[2];
     size_t n = bench_count(argv[3], "N");
     size_t size = argc > 4 ? bench_count(argv[4], "WINDOW") : 500;
     bool quorum = argc > 5 && strcmp(argv[5], "quorum") == 0;
+    bool routed = argc == 8;
+    amqp_bytes_t exchange = routed ? amqp_cstring_bytes(argv[6]) : amqp_empty_bytes;
+    amqp_bytes_t routing_key = amqp_cstring_bytes(routed ? argv[7] : queue);
 
     amqp_connection_state_t conn = bench_connect(argv[1], "bench_publish");
-    bench_declare(conn, queue, quorum);
+    if (!routed) {
+        bench_declare(conn, queue, quorum);
+    }
     amqp_confirm_select(conn, BENCH_CHANNEL);
     bench_check(amqp_get_rpc_reply(conn), "confirm.select");
 
@@ -54,9 +65,8 @@ int main(int argc, char **argv) {
         char id[32];
         snprintf(id, sizeof id, "ord-%08zu", i);
         props.message_id = amqp_cstring_bytes(id);
-        int st = amqp_basic_publish(conn, BENCH_CHANNEL, amqp_empty_bytes,
-                                    amqp_cstring_bytes(queue), 0, 0, &props,
-                                    (amqp_bytes_t){.len = len, .bytes = body});
+        int st = amqp_basic_publish(conn, BENCH_CHANNEL, exchange, routing_key, routed, 0,
+                                    &props, (amqp_bytes_t){.len = len, .bytes = body});
         if (st != AMQP_STATUS_OK) {
             bench_die("basic.publish", amqp_error_string2(st));
         }
