@@ -116,8 +116,9 @@ static const char MIGRATE_V4_SQL[] =
     X(HOLDS_READ_SET, "SELECT order_id, resource FROM holds"                             \
                       " WHERE order_id IN (SELECT value FROM json_each(?1))"             \
                       " ORDER BY order_id, resource")                                    \
-    X(EVENT_INSERT, "INSERT INTO events (event_id, order_id, body, created_at_ms)"       \
-                    " VALUES ('" LAPSE_EVENT_CANCELLED ":' || ?1, ?1, ?2, ?3)")          \
+    X(EVENTS_NEXT_SEQ,                                                                   \
+      "SELECT max(coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'events'), 0)," \
+      " coalesce((SELECT max(seq) FROM events), 0)) + 1")                                \
     X(PENDING_PAGE, "SELECT order_id, deadline_ms, created_at_ms, scheduled"             \
                     " FROM orders INDEXED BY orders_pending_deadline"                    \
                     " WHERE status = 'pending' AND (deadline_ms, order_id) > (?1, ?2)"   \

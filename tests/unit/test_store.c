@@ -636,6 +636,58 @@ static void test_cancel_same_order_twice_in_one_batch(void **state) {
     assert_int_equal(query_int(f, "SELECT count(*) FROM events"), 1);
 }
 
+/* A batch of 42 orders (one paid, one given twice) cancels 41: their events go in as
+ * inserts of 32, 8 and 1 rows on SQLite. Each item's event_seq is its own event's, the
+ * seqs are all different, and after every event is deleted the next one still gets a
+ * seq above them all (none is given twice, as AUTOINCREMENT promises). */
+static void test_cancel_batch_event_seqs(void **state) {
+    fixture_t *f = *state;
+    enum { N = 42 };
+    char ids[N][16];
+    lapse_cancel_item_t items[N + 1];
+    for (int i = 0; i < N; i++) {
+        snprintf(ids[i], sizeof ids[i], "ord-%02d", i);
+        /* ord-05 is paid before its deadline (the store's clock decides on PG). */
+        assert_int_equal(
+            insert(f->store, ids[i], i == 5 ? OPEN_DEADLINE : DEADLINE, NULL, 0),
+            LAPSE_OK);
+        items[i] = (lapse_cancel_item_t){.order_id = ids[i]};
+    }
+    items[N] = (lapse_cancel_item_t){.order_id = ids[7]};
+    lapse_error_t err;
+    assert_int_equal(lapse_store_pay(f->store, ids[5], T0, &err), LAPSE_OK);
+    assert_int_equal(lapse_store_cancel_batch(f->store, items, N + 1, DEADLINE, &err),
+                     LAPSE_OK);
+    int64_t max_seq = 0;
+    for (int i = 0; i < N; i++) {
+        if (i == 5) {
+            assert_int_equal(items[i].outcome, LAPSE_CANCEL_NOOP_PAID);
+            assert_int_equal(items[i].event_seq, 0);
+            continue;
+        }
+        assert_int_equal(items[i].outcome, LAPSE_CANCEL_DONE);
+        assert_true(items[i].event_seq > 0);
+        for (int j = 0; j < i; j++) {
+            assert_true(items[j].event_seq != items[i].event_seq);
+        }
+        char sql[1024];
+        snprintf(sql, sizeof sql,
+                 "SELECT count(*) FROM events WHERE seq = %lld AND order_id = '%s'",
+                 (long long)items[i].event_seq, ids[i]);
+        assert_int_equal(query_int(f, sql), 1);
+        max_seq = items[i].event_seq > max_seq ? items[i].event_seq : max_seq;
+    }
+    assert_int_equal(items[N].outcome, LAPSE_CANCEL_NOOP_CANCELLED);
+    assert_int_equal(items[N].event_seq, 0);
+    assert_int_equal(query_int(f, "SELECT count(*) FROM events"), N - 1);
+
+    exec_sql(f, "DELETE FROM events");
+    assert_int_equal(insert(f->store, "ord-next", DEADLINE, NULL, 0), LAPSE_OK);
+    int64_t next = 0;
+    assert_int_equal(cancel(f->store, "ord-next", DEADLINE, &next), LAPSE_CANCEL_DONE);
+    assert_true(next > max_seq);
+}
+
 static void test_cancel_batch_failure_writes_nothing(void **state) {
     fixture_t *f = *state;
     const char *const holds[] = {"seat-1"};
@@ -1409,6 +1461,7 @@ int main(void) {
         T(test_cancel_paid_is_noop),
         T(test_cancel_unknown_order),
         T(test_cancel_same_order_twice_in_one_batch),
+        T(test_cancel_batch_event_seqs),
         T(test_cancel_batch_failure_writes_nothing),
         T(test_cancel_mixed_batch),
         T(test_cancel_event_body_names_order_deadline_and_holds),
