@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: MIT
  * libFuzzer target for the `publish --batch` line parser and the duration and RFC 3339
- * parsers beneath it: no crash, no read past the line, and every accepted value survives
- * format -> parse unchanged. */
-#include <lapse/batch.h>
+ * parsers beneath it: no crash, no read past the line, every accepted value survives
+ * format -> parse unchanged, and every line the plain reader decides gets the very
+ * verdict, fields and error text jansson's reader gives it. */
+#include "batch_int.h"
 
 #include <stdint.h>
 #include <stdlib.h>
@@ -38,7 +39,29 @@ static void check_time_round_trip(int64_t ms) {
     CHECK(back == ms);
 }
 
+/* The plain reader decides a line only as jansson's reader would. */
+static void check_readers_agree(const char *line, size_t len) {
+    lapse_batch_line_t a, b;
+    lapse_error_t ea = {0}, eb = {0};
+    lapse_status_t rc = LAPSE_ERR_NOMEM;
+    if (!lapse__batch_line_parse_plain(line, len, NOW, &a, &ea, &rc)) {
+        CHECK(rc == LAPSE_ERR_NOMEM && ea.text[0] == '\0' && a.priv_ == NULL);
+        return;
+    }
+    lapse_status_t want = lapse__batch_line_parse_json(line, len, NOW, &b, &eb);
+    CHECK(rc == want);
+    CHECK(strcmp(ea.text, eb.text) == 0);
+    CHECK(strcmp(a.order_id, b.order_id) == 0);
+    CHECK(a.timeout_ms == b.timeout_ms && a.deadline_ms == b.deadline_ms);
+    CHECK(a.n_holds == 0 && b.n_holds == 0 && a.priv_ == NULL);
+    lapse_batch_line_clear(&a);
+    lapse_batch_line_clear(&b);
+}
+
 static void fuzz_line(const char *line, size_t len) {
+    if (len <= LAPSE_MSG_MAX_BODY) {
+        check_readers_agree(line, len);
+    }
     lapse_batch_line_t bl;
     lapse_error_t err = {0};
     lapse_status_t rc = lapse_batch_line_parse(line, len, NOW, &bl, &err);

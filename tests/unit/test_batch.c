@@ -6,7 +6,7 @@
 
 #include <cmocka.h>
 
-#include <lapse/batch.h>
+#include "batch_int.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -141,6 +141,86 @@ static void test_limits(void **state) {
     free(huge);
 }
 
+/* The plain reader decides these (a plain shape, good or bad), exactly as jansson's
+ * reader does: same verdict, same fields, same error text. */
+static const char *const plain[] = {
+    "{\"order_id\":\"p-0\",\"timeout\":\"30m\"}",
+    " {\r\n\t\"timeout\" : \"1h30m\" ,\"order_id\":\"a.b:c_d-9\"} \n",
+    "{\"order_id\":\"o\",\"deadline\":\"2026-12-01T18:00:00Z\"}",
+    "{\"order_id\":\"o\",\"deadline\":\"2026-12-01T18:00:00.250+01:00\"}",
+    "{\"order_id\":\"1042\"}",
+    "{\"order_id\":\"has space\",\"timeout\":\"30m\"}",
+    "{\"order_id\":\"\",\"timeout\":\"30m\"}",
+    "{\"order_id\":\"o\",\"timeout\":\"30 minutes\"}",
+    "{\"order_id\":\"o\",\"timeout\":\"0s\"}",
+    "{\"order_id\":\"o\",\"deadline\":\"tomorrow\"}",
+    "{\"order_id\":\"o\",\"timeout\":\"30m\",\"deadline\":\"2026-12-01T18:00:00Z\"}",
+    "{\"order_id\":\"o\",\"timeout\":\"2111111111111111s\"}",
+    "{\"order_id\":\"o\",\"timeout\":\"9223372036854775807ms\"}",
+};
+
+/* ... and leaves these to jansson: holds, escapes, bytes outside printable ASCII, other
+ * keys or value types, a key twice, anything malformed. */
+static const char *const not_plain[] = {
+    "",
+    "{}",
+    "{\"timeout\":\"30m\"}",
+    "{\"order_id\":\"o\",\"timeout\":\"30m\",\"holds\":[\"a\"]}",
+    "{\"order_id\":\"\\u0041\",\"timeout\":\"30m\"}",
+    "{\"order_id\":\"o\u00e9\",\"timeout\":\"30m\"}",
+    "{\"order_id\":\"o\\\"\",\"timeout\":\"30m\"}",
+    "{\"order_id\":\"o\x7f\",\"timeout\":\"30m\"}",
+    "{\"order_id\":\"o\",\"timeout\":1800}",
+    "{\"order_id\":7}",
+    "{\"order_id\":\"o\",\"order_id\":\"p\"}",
+    "{\"order_id\":\"o\",\"hold\":\"a\"}",
+    "{\"order_id\":\"o\",}",
+    "{\"order_id\":\"o\"} x",
+    "{\"order_id\":\"o\"",
+    "{\"order_id\" \"o\"}",
+    "[\"order_id\"]",
+    "{\"order_id\":\"o\",\"timeout\":"
+    "\"000000000000000000000000000000000000000000000000000000000000000000000030m"
+    "\"}", /* longer than the 64 bytes the plain reader copies */
+};
+
+static void test_the_plain_reader_agrees_with_jansson(void **state) {
+    (void)state;
+    for (size_t i = 0; i < sizeof plain / sizeof plain[0]; i++) {
+        lapse_batch_line_t a, b;
+        lapse_error_t ea = {0}, eb = {0};
+        lapse_status_t rc = LAPSE_ERR_NOMEM;
+        size_t len = strlen(plain[i]);
+        if (!lapse__batch_line_parse_plain(plain[i], len, NOW, &a, &ea, &rc)) {
+            fail_msg("line %zu '%s' was not read as plain", i, plain[i]);
+        }
+        lapse_status_t want = lapse__batch_line_parse_json(plain[i], len, NOW, &b, &eb);
+        if (rc != want || strcmp(ea.text, eb.text) != 0) {
+            fail_msg("line %zu '%s': plain %s '%s', jansson %s '%s'", i, plain[i],
+                     lapse_status_name(rc), ea.text, lapse_status_name(want), eb.text);
+        }
+        assert_string_equal(a.order_id, b.order_id);
+        assert_int_equal(a.timeout_ms, b.timeout_ms);
+        assert_int_equal(a.deadline_ms, b.deadline_ms);
+        assert_int_equal(a.n_holds, 0);
+        assert_null(a.priv_);
+        lapse_batch_line_clear(&a);
+        lapse_batch_line_clear(&b);
+    }
+    for (size_t i = 0; i < sizeof not_plain / sizeof not_plain[0]; i++) {
+        lapse_batch_line_t a;
+        lapse_error_t ea = {0};
+        lapse_status_t rc = LAPSE_ERR_NOMEM;
+        if (lapse__batch_line_parse_plain(not_plain[i], strlen(not_plain[i]), NOW, &a,
+                                          &ea, &rc)) {
+            fail_msg("line %zu '%s' was read as plain", i, not_plain[i]);
+        }
+        assert_int_equal(rc, LAPSE_ERR_NOMEM);
+        assert_string_equal(ea.text, "");
+        assert_null(a.priv_);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_timeout_line_with_holds),
@@ -149,6 +229,7 @@ int main(void) {
         cmocka_unit_test(test_line_need_not_be_nul_terminated),
         cmocka_unit_test(test_bad_lines_are_refused_with_a_reason),
         cmocka_unit_test(test_limits),
+        cmocka_unit_test(test_the_plain_reader_agrees_with_jansson),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
