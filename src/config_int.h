@@ -73,6 +73,15 @@ void lapse__log(const lapse_config_t *cfg, lapse_log_level_t level, const char *
 #endif
     ;
 
+/** Whether a line of this level would reach cfg's sink: a caller that builds its line
+ *  itself (lapse__log_text) asks first, as lapse__log does before it formats. */
+bool lapse__log_wants(const lapse_config_t *cfg, lapse_log_level_t level);
+
+/** Hand a finished line to cfg's sink, control bytes escaped (lapse__escape_ctl); the
+ *  same checks as lapse__log. For lines built without printf, one per order. */
+void lapse__log_text(const lapse_config_t *cfg, lapse_log_level_t level,
+                     const char *line);
+
 /** Copy in to out (cap bytes, NUL-terminated, cut short when it does not fit) with every
  *  control byte (below 0x20, and 0x7f) written as \\xHH, so that text from a message, the
  *  broker or a file stays one line and cannot drive a terminal. Returns out. */

@@ -31,6 +31,14 @@ static void test_escape_control_bytes(void **state) {
     /* Cut short, never in the middle of an escape. */
     assert_string_equal(lapse__escape_ctl("ab\x01", out, 5), "ab");
     assert_string_equal(lapse__escape_ctl("ab\x01", out, 7), "ab\\x01");
+    /* Cut inside a run that needs no escape, and after an escape. */
+    assert_string_equal(lapse__escape_ctl("abcdef", out, 4), "abc");
+    assert_string_equal(lapse__escape_ctl("\x01"
+                                          "abcdef",
+                                          out, 7),
+                        "\\x01ab");
+    assert_string_equal(lapse__escape_ctl("", out, 1), "");
+    assert_string_equal(lapse__escape_ctl("x\ty\tz", out, sizeof out), "x\\x09y\\x09z");
 }
 
 static void test_log_line_is_escaped(void **state) {
