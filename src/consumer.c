@@ -312,7 +312,9 @@ static void decide(lapse_consumer_t *c, int64_t now, size_t n_items) {
         }
     }
     c->n_seqs = 0;
-    /* One decision line per order: the sink may write the batch's together. */
+    /* One decision line per order, built without printf (lapse__decision_line): the sink
+     * may write the batch's together. */
+    char line[LAPSE__DECISION_LINE_MAX];
     lapse__log_burst(c->cfg, true);
     for (size_t k = 0; k < n_items; k++) {
         const lapse_cancel_item_t *it = &c->items[k];
@@ -333,22 +335,25 @@ static void decide(lapse_consumer_t *c, int64_t now, size_t n_items) {
                 c->stats.cancelled++;
                 lapse__metrics_cancelled(c->metrics,
                                          lapse__time_add(it->now_ms, -it->deadline_ms));
-                lapse__log(c->cfg, LAPSE_LOG_INFO,
-                           "event=decision order_id=%s decision=cancelled lag_ms=%lld "
-                           "redelivered=%d",
-                           it->order_id,
-                           (long long)lapse__time_add(it->now_ms, -it->deadline_ms),
-                           d->redelivered ? 1 : 0);
+                if (lapse__log_wants(c->cfg, LAPSE_LOG_INFO)) {
+                    int64_t lag = lapse__time_add(it->now_ms, -it->deadline_ms);
+                    lapse__log_text(c->cfg, LAPSE_LOG_INFO,
+                                    lapse__decision_line(line, it->order_id, "cancelled",
+                                                         &lag, d->redelivered));
+                }
                 break;
             case LAPSE__ACT_NOOP:
                 c->stats.noops++;
                 lapse__metrics_decision(c->metrics, it->outcome == LAPSE_CANCEL_NOOP_PAID
                                                         ? LAPSE__DEC_NOOP_PAID
                                                         : LAPSE__DEC_NOOP_CANCELLED);
-                lapse__log(c->cfg, LAPSE_LOG_INFO,
-                           "event=decision order_id=%s decision=%s redelivered=%d",
-                           it->order_id, lapse_cancel_outcome_name(it->outcome),
-                           d->redelivered ? 1 : 0);
+                if (lapse__log_wants(c->cfg, LAPSE_LOG_INFO)) {
+                    lapse__log_text(
+                        c->cfg, LAPSE_LOG_INFO,
+                        lapse__decision_line(line, it->order_id,
+                                             lapse_cancel_outcome_name(it->outcome), NULL,
+                                             d->redelivered));
+                }
                 break;
             case LAPSE__ACT_PARK:
                 if (d->verdict.why == LAPSE__WHY_UNKNOWN) {

@@ -3,6 +3,8 @@
  * time comes in as a value (docs/design.md, "The clock rule"). */
 #include "decision_int.h"
 
+#include <string.h>
+
 #include "ladder_int.h"
 
 void lapse__clock_init(lapse__clock_t *clk) {
@@ -195,4 +197,45 @@ const char *lapse__why_name(lapse__why_t why) {
             return "cancelled";
     }
     return "?";
+}
+
+/* Appends s, cut at end. */
+static char *put_text(char *p, const char *end, const char *s) {
+    size_t n = strlen(s);
+    n = n < (size_t)(end - p) ? n : (size_t)(end - p);
+    memcpy(p, s, n);
+    return p + n;
+}
+
+/* Appends v in decimal, cut at end. */
+static char *put_int(char *p, const char *end, int64_t v) {
+    char digits[21];
+    size_t n = sizeof digits;
+    uint64_t u = v < 0 ? 0 - (uint64_t)v : (uint64_t)v;
+    do {
+        digits[--n] = (char)('0' + u % 10);
+        u /= 10;
+    } while (u > 0);
+    if (v < 0) {
+        digits[--n] = '-';
+    }
+    size_t len = sizeof digits - n;
+    len = len < (size_t)(end - p) ? len : (size_t)(end - p);
+    memcpy(p, digits + n, len);
+    return p + len;
+}
+
+char *lapse__decision_line(char out[LAPSE__DECISION_LINE_MAX], const char *order_id,
+                           const char *name, const int64_t *lag_ms, bool redelivered) {
+    const char *end = out + LAPSE__DECISION_LINE_MAX - 1;
+    char *p = put_text(out, end, "event=decision order_id=");
+    p = put_text(p, end, order_id);
+    p = put_text(p, end, " decision=");
+    p = put_text(p, end, name);
+    if (lag_ms != NULL) {
+        p = put_int(put_text(p, end, " lag_ms="), end, *lag_ms);
+    }
+    p = put_text(p, end, redelivered ? " redelivered=1" : " redelivered=0");
+    *p = '\0';
+    return out;
 }

@@ -136,6 +136,19 @@ void lapse__decide(const lapse__facts_t *facts, lapse__verdict_t *out);
 /** The wait before attempt number `attempt` (1-based): min(2^(attempt-1) s, 5 min). */
 int64_t lapse__retry_delay_ms(int attempt);
 
+/* The room lapse__decision_line needs: its words, an order id of LAPSE_ORDER_ID_MAX
+ * bytes, the longest outcome name and a 20-digit lag, with some to spare. */
+#define LAPSE__DECISION_LINE_MAX 320
+
+/** The consumer's line for one order's decision, written into out (NUL-terminated):
+ *  "event=decision order_id=ID decision=NAME[ lag_ms=LAG] redelivered=0|1", the lag
+ *  only when lag_ms is not NULL. What snprintf would write, without its cost: the
+ *  consumer logs one per order. With order_id at most LAPSE_ORDER_ID_MAX bytes and name
+ *  an outcome's name, the line fits; a longer one is cut, never overrun. Returns out.
+ *  Pure. */
+char *lapse__decision_line(char out[LAPSE__DECISION_LINE_MAX], const char *order_id,
+                           const char *name, const int64_t *lag_ms, bool redelivered);
+
 /** Static names for logs: "cancelled", "noop", "early", "retry", "parked"; "ahead", ...
  */
 const char *lapse__action_name(lapse__action_t action);

@@ -10,7 +10,11 @@
 #include "decision_int.h"
 #include "ladder_int.h"
 
+#include <lapse/message.h>
+
 #include <stdint.h>
+#include <stdio.h>
+#include <string.h>
 
 /* A broker and a host whose clocks agree, at some moment (ms). */
 #define T0   INT64_C(1796055520000)
@@ -299,6 +303,59 @@ static void test_names_are_static_and_distinct(void **state) {
     }
 }
 
+/* The decision line is what snprintf writes for the same format, for ids of every
+ * length up to the largest, every outcome name, lags at both ends and none. */
+static void test_decision_line_is_printf(void **state) {
+    (void)state;
+    char id[LAPSE_ORDER_ID_MAX + 1];
+    const char *names[] = {"cancelled", "noop_paid", "noop_cancelled", "unknown",
+                           "early"};
+    const int64_t lags[] = {
+        0, 1, 9, 10, 999, 1000, -1, -1250, INT64_C(86400000), INT64_MAX, INT64_MIN};
+    for (size_t len = 1; len <= LAPSE_ORDER_ID_MAX; len += 7) {
+        for (size_t i = 0; i < len; i++) {
+            id[i] = "ab-9.:_Z"[(i + len) % 8];
+        }
+        id[len] = '\0';
+        for (size_t k = 0; k < sizeof names / sizeof *names; k++) {
+            for (size_t l = 0; l <= sizeof lags / sizeof *lags; l++) {
+                bool lagged = l < sizeof lags / sizeof *lags;
+                bool redelivered = (len + k + l) % 2 == 0;
+                char want[LAPSE__DECISION_LINE_MAX];
+                char got[LAPSE__DECISION_LINE_MAX];
+                if (lagged) {
+                    snprintf(want, sizeof want,
+                             "event=decision order_id=%s decision=%s lag_ms=%lld "
+                             "redelivered=%d",
+                             id, names[k], (long long)lags[l], redelivered ? 1 : 0);
+                } else {
+                    snprintf(want, sizeof want,
+                             "event=decision order_id=%s decision=%s redelivered=%d", id,
+                             names[k], redelivered ? 1 : 0);
+                }
+                assert_ptr_equal(lapse__decision_line(got, id, names[k],
+                                                      lagged ? &lags[l] : NULL,
+                                                      redelivered),
+                                 got);
+                assert_string_equal(got, want);
+            }
+        }
+    }
+    /* Text longer than the line has room for is cut, never written past it. */
+    char longer[2 * LAPSE__DECISION_LINE_MAX];
+    memset(longer, 'x', sizeof longer - 1);
+    longer[sizeof longer - 1] = '\0';
+    char got[LAPSE__DECISION_LINE_MAX + 8];
+    memset(got, '#', sizeof got);
+    int64_t lag = 5;
+    lapse__decision_line(got, "o-1", longer, &lag, true);
+    assert_int_equal(strlen(got), LAPSE__DECISION_LINE_MAX - 1);
+    assert_memory_equal(got, "event=decision order_id=o-1 decision=xxx", 40);
+    for (size_t i = LAPSE__DECISION_LINE_MAX; i < sizeof got; i++) {
+        assert_int_equal(got[i], '#');
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_clock_unknown_is_never_zero),
@@ -318,6 +375,7 @@ int main(void) {
         cmocka_unit_test(test_retry_delays_and_cap),
         cmocka_unit_test(test_decide_retry_then_park),
         cmocka_unit_test(test_names_are_static_and_distinct),
+        cmocka_unit_test(test_decision_line_is_printf),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
