@@ -236,12 +236,16 @@ lapse_status_t lapse_time_parse_rfc3339(const char *text, int64_t *out_ms) {
     return LAPSE_OK;
 }
 
-static char *put_digits(char *p, int64_t v, int n) {
-    for (int i = n - 1; i >= 0; i--) {
-        p[i] = (char)('0' + v % 10);
-        v /= 10;
-    }
-    return p + n;
+/* "00" to "99", so that a field's two digits are one copy: the consumer spells two or
+ * three times per order (the event's deadline and cancelled_at, its log line). */
+static const char TWO_DIGITS[] =
+    "00010203040506070809101112131415161718192021222324252627282930313233343536373839"
+    "40414243444546474849505152535455565758596061626364656667686970717273747576777879"
+    "8081828384858687888990919293949596979899";
+
+static char *put2(char *p, uint32_t v) {
+    memcpy(p, TWO_DIGITS + 2 * v, 2);
+    return p + 2;
 }
 
 void lapse_time_format_rfc3339(int64_t ms, char buf[LAPSE_RFC3339_LEN]) {
@@ -258,20 +262,22 @@ void lapse_time_format_rfc3339(int64_t ms, char buf[LAPSE_RFC3339_LEN]) {
     int month, day;
     civil_from_days(days, &year, &month, &day);
 
-    char *p = buf;
-    p = put_digits(p, year, 4);
+    uint32_t in_day = (uint32_t)rem;
+    uint32_t y = (uint32_t)year;
+    char *p = put2(put2(buf, y / 100), y % 100);
     *p++ = '-';
-    p = put_digits(p, month, 2);
+    p = put2(p, (uint32_t)month);
     *p++ = '-';
-    p = put_digits(p, day, 2);
+    p = put2(p, (uint32_t)day);
     *p++ = 'T';
-    p = put_digits(p, rem / MS_PER_H, 2);
+    p = put2(p, in_day / 3600000u);
     *p++ = ':';
-    p = put_digits(p, rem % MS_PER_H / MS_PER_MIN, 2);
+    p = put2(p, in_day % 3600000u / 60000u);
     *p++ = ':';
-    p = put_digits(p, rem % MS_PER_MIN / MS_PER_S, 2);
+    p = put2(p, in_day % 60000u / 1000u);
     *p++ = '.';
-    p = put_digits(p, rem % MS_PER_S, 3);
+    *p++ = (char)('0' + in_day % 1000u / 100u);
+    p = put2(p, in_day % 100u);
     *p++ = 'Z';
     *p = '\0';
 }

@@ -129,6 +129,14 @@ static char *put(char *out, const char *s) {
     return out + n;
 }
 
+/* A string that needs no escape, in quotes. */
+static char *put_quoted(char *out, const char *s, size_t n) {
+    *out++ = '"';
+    memcpy(out, s, n);
+    out[n] = '"';
+    return out + n + 1;
+}
+
 char *lapse__event_body(const char *order_id, int64_t deadline_ms,
                         int64_t cancelled_at_ms, char *const *holds, size_t n_holds) {
     char deadline[LAPSE_RFC3339_LEN];
@@ -140,16 +148,17 @@ char *lapse__event_body(const char *order_id, int64_t deadline_ms,
     static const char deadline_key[] = ",\"deadline\":";
     static const char at_key[] = ",\"cancelled_at\":";
     static const char holds_key[] = ",\"holds\":[";
-    const char *fixed[] = {LAPSE_EVENT_CANCELLED, order_id, deadline, cancelled_at};
-    size_t size = sizeof head + sizeof id_key + sizeof deadline_key + sizeof at_key +
-                  sizeof holds_key + 2; /* "]}" and the NUL, with room to spare */
-    for (size_t i = 0; i < sizeof fixed / sizeof *fixed; i++) {
-        size_t n = lapse__json_string_size(fixed[i]);
-        if (n == 0) {
-            return NULL;
-        }
-        size += n;
+    /* The event's name and the two times need no escape (the times are the formatter's
+     * digits and "-:.TZ"): they are copied as they are, quoted. Only the order id and
+     * the holds are scanned. */
+    size_t id_size = lapse__json_string_size(order_id);
+    if (id_size == 0) {
+        return NULL;
     }
+    size_t size = sizeof head + sizeof id_key + sizeof deadline_key + sizeof at_key +
+                  sizeof holds_key + 2 /* "]}" and the NUL, with room to spare */ +
+                  sizeof LAPSE_EVENT_CANCELLED + 1 + 2 * (LAPSE_RFC3339_LEN + 1) +
+                  id_size;
     for (size_t h = 0; h < n_holds; h++) {
         size_t n = lapse__json_string_size(holds[h]);
         if (n == 0) {
@@ -162,10 +171,10 @@ char *lapse__event_body(const char *order_id, int64_t deadline_ms,
         return NULL;
     }
     char *out = put(text, head);
-    out = lapse__json_put_string(out, LAPSE_EVENT_CANCELLED);
+    out = put_quoted(out, LAPSE_EVENT_CANCELLED, sizeof LAPSE_EVENT_CANCELLED - 1);
     out = lapse__json_put_string(put(out, id_key), order_id);
-    out = lapse__json_put_string(put(out, deadline_key), deadline);
-    out = lapse__json_put_string(put(out, at_key), cancelled_at);
+    out = put_quoted(put(out, deadline_key), deadline, LAPSE_RFC3339_LEN - 1);
+    out = put_quoted(put(out, at_key), cancelled_at, LAPSE_RFC3339_LEN - 1);
     out = put(out, holds_key);
     for (size_t h = 0; h < n_holds; h++) {
         if (h > 0) {

@@ -284,6 +284,9 @@ static void test_time_format(void **state) {
         {INT64_C(1709251199999), "2024-02-29T23:59:59.999Z"},
         {INT64_C(1709251200000), "2024-03-01T00:00:00.000Z"},
         {INT64_C(951782400000), "2000-02-29T00:00:00.000Z"},
+        /* Every field's digits apart from its neighbours' (two at a time are copied). */
+        {INT64_C(2163160048059), "2038-07-19T13:47:28.059Z"},
+        {INT64_C(946631101100), "1999-12-31T09:05:01.100Z"},
         {INT64_C(253402300799999), "9999-12-31T23:59:59.999Z"},
         /* Out of range: clamped to what fits the buffer and parses back. */
         {-1, "1970-01-01T00:00:00.000Z"},
