@@ -648,8 +648,9 @@ static lapse_status_t cancel_in_transaction(sqlite_store_t *s, cancel_batch_t *c
     if (rc == LAPSE_OK) {
         rc = each_row(s, ST_HOLDS_READ_SET, on_hold, c, err, "t", c->ids.p);
     }
-    /* event_id is UNIQUE: were a second cancellation of an order ever to get past the
-     * CAS, an insert would fail and roll the batch back rather than emit it twice. */
+    /* One event per order cancelled here: ORDERS_CANCEL returned only the rows it
+     * changed from pending, under the write lock (no UNIQUE index repeats that check
+     * since schema version 5; store_sqlite_sql.h, EVENTS_COLUMNS). */
     if (rc == LAPSE_OK) {
         rc = record_events(s, c, now_ms, err);
     }
@@ -1038,7 +1039,8 @@ static lapse_status_t foreign_keys_hold(sqlite_store_t *s, lapse_error_t *err) {
 
 /* Brings the file to SCHEMA_VERSION in one write transaction. Foreign keys are off
  * meanwhile (a no-op inside a transaction, hence here): MIGRATE_V4_SQL drops and
- * renames the table holds references. */
+ * renames the table holds references. MIGRATE_V5_SQL copies the whole outbox once:
+ * on a file with a month of published events that is the one slow open. */
 static lapse_status_t apply_schema(sqlite_store_t *s, lapse_error_t *err) {
     int src = sqlite3_exec(s->db, "PRAGMA foreign_keys = OFF", NULL, NULL, NULL);
     if (src == SQLITE_OK) {
@@ -1066,6 +1068,10 @@ static lapse_status_t apply_schema(sqlite_store_t *s, lapse_error_t *err) {
                (src = sqlite3_exec(s->db, MIGRATE_V4_SQL, NULL, NULL, NULL)) !=
                    SQLITE_OK) {
         rc = open_fail(s, src, "schema upgrade to version 4", err);
+    } else if (version >= 1 && version < 5 &&
+               (src = sqlite3_exec(s->db, MIGRATE_V5_SQL, NULL, NULL, NULL)) !=
+                   SQLITE_OK) {
+        rc = open_fail(s, src, "schema upgrade to version 5", err);
     } else if (version < SCHEMA_VERSION &&
                (src = sqlite3_exec(s->db, SCHEMA_SQL, NULL, NULL, NULL)) != SQLITE_OK) {
         rc = open_fail(s, src, "schema", err);

@@ -430,6 +430,12 @@ static void query_plan(lapse_store_t *store, const char *path, stmt_id_t id, cha
     char sql[1024];
     snprintf(sql, sizeof(sql), "EXPLAIN QUERY PLAN %s", STMT_SQL[id]);
     assert_int_equal(sqlite3_open_v2(path, &db, SQLITE_OPEN_READONLY, NULL), SQLITE_OK);
+    /* PRUNE_PICK's scratch list, which each store handle creates for itself. */
+    assert_int_equal(sqlite3_exec(db,
+                                  "CREATE TEMP TABLE prune_ids"
+                                  " (order_id TEXT NOT NULL PRIMARY KEY)",
+                                  NULL, NULL, NULL),
+                     SQLITE_OK);
     assert_int_equal(sqlite3_prepare_v2(db, sql, -1, &st, NULL), SQLITE_OK);
     out[0] = '\0';
     while (sqlite3_step(st) == SQLITE_ROW) {
@@ -456,6 +462,14 @@ static void test_pending_pages_read_their_partial_index(void **state) {
     print_message("%s: %s\n", STMT_NAME[ST_UNSCHEDULED_PAGE], plan);
     assert_non_null(strstr(plan, "USING INDEX orders_unscheduled_deadline"));
     assert_null(strstr(plan, "TEMP B-TREE"));
+    /* Pruning walks settled orders by deadline, and reads the unpublished events once
+     * through their partial index, not the whole outbox. */
+    query_plan(f->store, f->path, ST_PRUNE_PICK, plan, sizeof(plan));
+    print_message("%s: %s\n", STMT_NAME[ST_PRUNE_PICK], plan);
+    assert_non_null(strstr(plan, "USING INDEX orders_settled_deadline"));
+    assert_non_null(strstr(plan, "LIST SUBQUERY"));
+    assert_non_null(strstr(plan, "SCAN events USING INDEX events_unpublished"));
+    assert_null(strstr(plan, "CORRELATED"));
 }
 
 typedef struct plan_text {
@@ -637,6 +651,12 @@ static void test_open_upgrades_a_version_1_file(void **state) {
             " 1700000001200, 1);"
             "INSERT INTO holds (order_id, resource) VALUES ('v1-a', 'seat-1'),"
             " ('v1-a', 'seat-2'), ('v1-paid', 'seat-3');"
+            /* v1-gone's event, published; seqs up to 9 were handed out (8 and 9 to
+             * events pruned since). */
+            "INSERT INTO events (seq, event_id, order_id, body, created_at_ms,"
+            " published_at_ms) VALUES (7, 'order.cancelled:v1-gone', 'v1-gone', '{}',"
+            " 1700000001200, 1700000001300);"
+            "UPDATE sqlite_sequence SET seq = 9 WHERE name = 'events';"
             "PRAGMA user_version = 1;",
             NULL, NULL, NULL),
         SQLITE_OK);
@@ -674,6 +694,18 @@ static void test_open_upgrades_a_version_1_file(void **state) {
     assert_int_equal(query_int(f, "SELECT count(*) FROM sqlite_master WHERE name IN"
                                   " ('orders_settled_deadline', 'events_published')"),
                      2);
+    /* Version 5 rebuilt events: its row and AUTOINCREMENT's mark kept, no UNIQUE. */
+    assert_int_equal(query_int(f, "SELECT published_at_ms - seq FROM events WHERE"
+                                  " event_id = 'order.cancelled:v1-gone'"),
+                     1700000001293);
+    assert_int_equal(query_int(f, "SELECT count(*) FROM events"), 1);
+    assert_int_equal(
+        query_int(f, "SELECT seq FROM sqlite_sequence WHERE name = 'events'"), 9);
+    assert_int_equal(
+        query_int(f, "SELECT count(*) FROM sqlite_master WHERE"
+                     " tbl_name = 'events_v5' OR name LIKE 'sqlite_autoindex_events%'"
+                     " OR (name = 'events' AND sql LIKE '%UNIQUE%')"),
+        0);
     assert_int_equal(sqlite3_open_v2(f->path, &db, SQLITE_OPEN_READWRITE, NULL),
                      SQLITE_OK);
     assert_int_equal(
@@ -695,7 +727,70 @@ static void test_open_upgrades_a_version_1_file(void **state) {
     assert_int_equal(query_int(f, "SELECT count(*) FROM holds WHERE order_id = 'v1-a'"
                                   " AND released_at_ms = 1800000001000"),
                      2);
+    /* Its event takes the seq after the mark, not after the highest row. */
+    assert_int_equal(item.event_seq, 10);
     (void)SCHEMA_SQL;
+}
+
+/* A file of schema version 4 (the newest before events lost UNIQUE (event_id)) whose
+ * outbox was pruned empty: the rebuild keeps AUTOINCREMENT's mark from sqlite_sequence
+ * alone, so no seq comes back, and the store works on the new table. */
+static void test_open_upgrades_a_version_4_file(void **state) {
+    fixture_t *f = *state;
+    SF_SKIP_ON_PG("a file of SQLite schema version 4");
+    lapse_status_t rc;
+    lapse_error_t err;
+    f->store = lapse_store_open(f->uri, &rc, &err);
+    assert_non_null(f->store);
+    insert_many(f->store, 3);
+    lapse_store_close(f->store);
+    f->store = NULL;
+    sqlite3 *db = NULL;
+    assert_int_equal(sqlite3_open_v2(f->path, &db, SQLITE_OPEN_READWRITE, NULL),
+                     SQLITE_OK);
+    assert_int_equal(sqlite3_exec(db,
+                                  "DROP TABLE events;"
+                                  "CREATE TABLE events ("
+                                  " seq INTEGER PRIMARY KEY AUTOINCREMENT,"
+                                  " event_id TEXT NOT NULL UNIQUE,"
+                                  " order_id TEXT NOT NULL,"
+                                  " body TEXT NOT NULL,"
+                                  " created_at_ms INTEGER NOT NULL,"
+                                  " published_at_ms INTEGER);"
+                                  "CREATE INDEX events_unpublished ON events (seq)"
+                                  " WHERE published_at_ms IS NULL;"
+                                  "CREATE INDEX events_published ON events"
+                                  " (published_at_ms) WHERE published_at_ms IS NOT NULL;"
+                                  "INSERT INTO sqlite_sequence (name, seq)"
+                                  " VALUES ('events', 41);"
+                                  "PRAGMA user_version = 4;",
+                                  NULL, NULL, NULL),
+                     SQLITE_OK);
+    sqlite3_close(db);
+
+    f->store = lapse_store_open(f->uri, &rc, &err);
+    assert_non_null(f->store);
+    assert_int_equal(query_int(f, "PRAGMA user_version"), SCHEMA_VERSION);
+    assert_int_equal(
+        query_int(f, "SELECT seq FROM sqlite_sequence WHERE name = 'events'"), 41);
+    assert_int_equal(query_int(f, "SELECT count(*) FROM sqlite_sequence"
+                                  " WHERE name = 'events_v5'"),
+                     0);
+    assert_int_equal(query_int(f, "SELECT count(*) FROM sqlite_master WHERE name IN"
+                                  " ('events_unpublished', 'events_published')"),
+                     2);
+    assert_int_equal(query_int(f, "SELECT count(*) FROM sqlite_master WHERE"
+                                  " name LIKE 'sqlite_autoindex_events%'"),
+                     0);
+    lapse_cancel_item_t items[] = {{.order_id = "m-0000"}, {.order_id = "m-0001"}};
+    assert_int_equal(lapse_store_cancel_batch(f->store, items, 2, T0 + 3600000, &err),
+                     LAPSE_OK);
+    assert_int_equal(items[0].outcome, LAPSE_CANCEL_DONE);
+    assert_int_equal(items[0].event_seq, 42);
+    assert_int_equal(items[1].event_seq, 43);
+    assert_int_equal(query_int(f, "SELECT count(*) FROM events WHERE published_at_ms"
+                                  " IS NULL AND event_id LIKE 'order.cancelled:m-000%'"),
+                     2);
 }
 
 int main(void) {
@@ -715,6 +810,8 @@ int main(void) {
         T(test_pending_pages_read_their_partial_index),
         T(test_pg_plans_use_indexes),
         cmocka_unit_test_setup_teardown(test_open_upgrades_a_version_1_file, setup_dir,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_open_upgrades_a_version_4_file, setup_dir,
                                         teardown),
     };
 #undef T

@@ -337,7 +337,7 @@ static void test_open_uses_wal_and_versioned_schema(void **state) {
     assert_string_equal((const char *)sqlite3_column_text(st, 0), "wal");
     sqlite3_finalize(st);
     sqlite3_close(db);
-    assert_int_equal(query_int(f, "PRAGMA user_version"), 4);
+    assert_int_equal(query_int(f, "PRAGMA user_version"), 5);
     assert_int_equal(query_int(f,
                                "SELECT count(*) FROM sqlite_master WHERE type = 'table'"
                                " AND name IN ('orders', 'holds', 'events')"),
@@ -693,16 +693,26 @@ static void test_cancel_batch_failure_writes_nothing(void **state) {
     const char *const holds[] = {"seat-1"};
     assert_int_equal(insert(f->store, "ord-a", DEADLINE, holds, 1), LAPSE_OK);
     assert_int_equal(insert(f->store, "ord-b", DEADLINE, NULL, 0), LAPSE_OK);
-    /* A stray outbox row makes ord-b's event insert fail, after ord-a was cancelled. */
-    exec_sql(f, "INSERT INTO events (event_id, order_id, body, created_at_ms)"
-                " VALUES ('order.cancelled:ord-b', 'ord-b', '{}', 0)");
+    /* ord-b's event insert fails, after ord-a was cancelled: on PostgreSQL a stray
+     * outbox row under its event_id (UNIQUE there); on SQLite, whose events have no
+     * UNIQUE since schema version 5, a trigger that refuses it. */
+    if (f->sf.backend == SF_PG) {
+        exec_sql(f, "INSERT INTO events (event_id, order_id, body, created_at_ms)"
+                    " VALUES ('order.cancelled:ord-b', 'ord-b', '{}', 0)");
+    } else {
+        exec_sql(f, "CREATE TRIGGER refuse_b BEFORE INSERT ON events"
+                    " WHEN NEW.order_id = 'ord-b'"
+                    " BEGIN SELECT RAISE(ABORT, 'refused by the test'); END;"
+                    "INSERT INTO events (event_id, order_id, body, created_at_ms)"
+                    " VALUES ('order.cancelled:stray', 'stray', '{}', 0)");
+    }
     lapse_cancel_item_t items[] = {{.order_id = "ord-a"}, {.order_id = "ord-b"}};
     lapse_error_t err;
     assert_int_equal(lapse_store_cancel_batch(f->store, items, 2, DEADLINE, &err),
                      LAPSE_ERR_STORE_SQL);
     assert_int_equal(err.code, LAPSE_ERR_STORE_SQL);
-    /* "UNIQUE constraint failed" (SQLite), "violates unique constraint" (PostgreSQL). */
-    assert_true(contains_nocase(err.text, "unique"));
+    /* "violates unique constraint" (PostgreSQL); the trigger's message (SQLite). */
+    assert_true(contains_nocase(err.text, f->sf.backend == SF_PG ? "unique" : "refused"));
     assert_int_equal(items[0].outcome, LAPSE_CANCEL_UNKNOWN);
     assert_int_equal(items[0].event_seq, 0);
     assert_int_equal(status_of(f->store, "ord-a"), LAPSE_ORDER_PENDING);
