@@ -369,6 +369,14 @@ typedef struct id_ref {
     size_t item;
 } id_ref_t;
 
+/* A hold HOLDS_RELEASE returned: its item, and its name at off in names (name is set
+ * by group_holds, once names no longer grows). */
+typedef struct hold_ref {
+    size_t item;
+    size_t off;
+    const char *name;
+} hold_ref_t;
+
 typedef struct cancel_batch {
     lapse_cancel_item_t *items;
     size_t n;
@@ -376,10 +384,12 @@ typedef struct cancel_batch {
     size_t n_refs;
     size_t n_done;
     text_t ids; /* scratch: a JSON array of ids */
-    /* The holds read for the cancelled orders: names one after the other in names,
-     * each item's from its hold_at (index into hold_off), hold_n of them. */
+    /* The holds released for the cancelled orders: names one after the other in
+     * names; once group_holds sorted them, each item's from its hold_at (index into
+     * holds), hold_n of them. */
     text_t names;
-    size_t *hold_off, n_holds, cap_holds;
+    hold_ref_t *holds;
+    size_t n_holds, cap_holds;
     size_t *hold_at, *hold_n; /* by item */
 } cancel_batch_t;
 
@@ -477,7 +487,7 @@ static lapse_status_t on_refused(void *ctx, sqlite3_stmt *st, lapse_error_t *err
     return rc;
 }
 
-/* A row of HOLDS_READ_SET (order id, resource), grouped by order, names sorted. */
+/* A row of HOLDS_RELEASE's RETURNING (order id, resource), in no promised order. */
 static lapse_status_t on_hold(void *ctx, sqlite3_stmt *st, lapse_error_t *err) {
     cancel_batch_t *c = ctx;
     size_t r;
@@ -488,22 +498,43 @@ static lapse_status_t on_hold(void *ctx, sqlite3_stmt *st, lapse_error_t *err) {
     }
     if (c->n_holds == c->cap_holds) {
         size_t cap = c->cap_holds != 0 ? c->cap_holds * 2 : 64;
-        size_t *grown = realloc(c->hold_off, cap * sizeof(*grown));
+        hold_ref_t *grown = realloc(c->holds, cap * sizeof(*grown));
         if (grown == NULL) {
             return lapse_error_set(err, LAPSE_ERR_NOMEM, "reading holds");
         }
-        c->hold_off = grown;
+        c->holds = grown;
         c->cap_holds = cap;
     }
-    size_t item = c->refs[r].item;
-    if (c->hold_n[item]++ == 0) {
-        c->hold_at[item] = c->n_holds;
-    }
-    c->hold_off[c->n_holds++] = c->names.n;
+    c->holds[c->n_holds++] = (hold_ref_t){.item = c->refs[r].item, .off = c->names.n};
     text_put(&c->names, name != NULL ? name : "",
              (size_t)sqlite3_column_bytes(st, 1) + 1);
     return c->names.failed ? lapse_error_set(err, LAPSE_ERR_NOMEM, "reading holds")
                            : LAPSE_OK;
+}
+
+static int compare_holds(const void *a, const void *b) {
+    const hold_ref_t *x = a, *y = b;
+    if (x->item != y->item) {
+        return (x->item > y->item) - (x->item < y->item);
+    }
+    return strcmp(x->name, y->name);
+}
+
+/* The released holds by item, each item's names sorted (as the event body lists them):
+ * RETURNING promises no order. */
+static void group_holds(cancel_batch_t *c) {
+    for (size_t h = 0; h < c->n_holds; h++) {
+        c->holds[h].name = c->names.p + c->holds[h].off;
+    }
+    if (c->n_holds > 1) {
+        qsort(c->holds, c->n_holds, sizeof(*c->holds), compare_holds);
+    }
+    for (size_t h = 0; h < c->n_holds; h++) {
+        size_t item = c->holds[h].item;
+        if (c->hold_n[item]++ == 0) {
+            c->hold_at[item] = h;
+        }
+    }
 }
 
 /* The SQL of an INSERT of rows events with the seqs given (?1: created_at_ms; ?3k+2,
@@ -586,7 +617,7 @@ static lapse_status_t record_events(sqlite_store_t *s, cancel_batch_t *c, int64_
         rc = lapse_error_set(err, LAPSE_ERR_NOMEM, "cancel: events");
     }
     for (size_t h = 0; rc == LAPSE_OK && h < c->n_holds; h++) {
-        names[h] = c->names.p + c->hold_off[h];
+        names[h] = c->names.p + c->holds[h].off;
     }
     size_t n_at = 0;
     for (size_t i = 0; rc == LAPSE_OK && i < c->n && n_at < c->n_done; i++) {
@@ -644,9 +675,10 @@ static lapse_status_t cancel_in_transaction(sqlite_store_t *s, cancel_batch_t *c
     if (ids_json(c, true) == SIZE_MAX) {
         return lapse_error_set(err, nomem, "cancel: ids");
     }
-    rc = run(s, ST_HOLDS_RELEASE, NULL, err, "it", now_ms, c->ids.p);
+    /* The holds released are the ones the events list: one statement for both. */
+    rc = each_row(s, ST_HOLDS_RELEASE, on_hold, c, err, "it", now_ms, c->ids.p);
     if (rc == LAPSE_OK) {
-        rc = each_row(s, ST_HOLDS_READ_SET, on_hold, c, err, "t", c->ids.p);
+        group_holds(c);
     }
     /* One event per order cancelled here: ORDERS_CANCEL returned only the rows it
      * changed from pending, under the write lock (no UNIQUE index repeats that check
@@ -696,7 +728,7 @@ static lapse_status_t sq_cancel_batch(lapse_store_t *store, lapse_cancel_item_t 
     free(c.refs);
     free(c.hold_at);
     free(c.hold_n);
-    free(c.hold_off);
+    free(c.holds);
     free(c.ids.p);
     free(c.names.p);
     return rc;

@@ -145,10 +145,7 @@ static const char MIGRATE_V5_SQL[] =
                    " WHERE order_id IN (SELECT value FROM json_each(?1))")               \
     X(HOLDS_RELEASE, "UPDATE holds SET released_at_ms = ?1"                              \
                      " WHERE order_id IN (SELECT value FROM json_each(?2))"              \
-                     " AND released_at_ms IS NULL")                                      \
-    X(HOLDS_READ_SET, "SELECT order_id, resource FROM holds"                             \
-                      " WHERE order_id IN (SELECT value FROM json_each(?1))"             \
-                      " ORDER BY order_id, resource")                                    \
+                     " AND released_at_ms IS NULL RETURNING order_id, resource")         \
     X(EVENTS_NEXT_SEQ,                                                                   \
       "SELECT max(coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'events'), 0)," \
       " coalesce((SELECT max(seq) FROM events), 0)) + 1")                                \
