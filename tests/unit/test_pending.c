@@ -470,6 +470,11 @@ static void test_pending_pages_read_their_partial_index(void **state) {
     assert_non_null(strstr(plan, "LIST SUBQUERY"));
     assert_non_null(strstr(plan, "SCAN events USING INDEX events_unpublished"));
     assert_null(strstr(plan, "CORRELATED"));
+    /* The outbox's prune: a range of seqs up to the first young event, no sort. */
+    query_plan(f->store, f->path, ST_PRUNE_EVENTS, plan, sizeof(plan));
+    print_message("%s: %s\n", STMT_NAME[ST_PRUNE_EVENTS], plan);
+    assert_non_null(strstr(plan, "SEARCH events USING INTEGER PRIMARY KEY (rowid<?)"));
+    assert_null(strstr(plan, "TEMP B-TREE"));
 }
 
 typedef struct plan_text {
@@ -691,10 +696,11 @@ static void test_open_upgrades_a_version_1_file(void **state) {
     assert_int_equal(query_int(f, "SELECT count(*) FROM sqlite_master WHERE name ="
                                   " 'orders' AND sql LIKE '%status IN%'"),
                      0);
-    assert_int_equal(query_int(f, "SELECT count(*) FROM sqlite_master WHERE name IN"
-                                  " ('orders_settled_deadline', 'events_published')"),
-                     2);
-    /* Version 5 rebuilt events: its row and AUTOINCREMENT's mark kept, no UNIQUE. */
+    assert_int_equal(query_int(f, "SELECT count(*) FROM sqlite_master WHERE name ="
+                                  " 'orders_settled_deadline'"),
+                     1);
+    /* Version 5 rebuilt events: its row and AUTOINCREMENT's mark kept, no UNIQUE, no
+     * index by publish time. */
     assert_int_equal(query_int(f, "SELECT published_at_ms - seq FROM events WHERE"
                                   " event_id = 'order.cancelled:v1-gone'"),
                      1700000001293);
@@ -704,7 +710,8 @@ static void test_open_upgrades_a_version_1_file(void **state) {
     assert_int_equal(
         query_int(f, "SELECT count(*) FROM sqlite_master WHERE"
                      " tbl_name = 'events_v5' OR name LIKE 'sqlite_autoindex_events%'"
-                     " OR (name = 'events' AND sql LIKE '%UNIQUE%')"),
+                     " OR (name = 'events' AND sql LIKE '%UNIQUE%')"
+                     " OR name = 'events_published'"),
         0);
     assert_int_equal(sqlite3_open_v2(f->path, &db, SQLITE_OPEN_READWRITE, NULL),
                      SQLITE_OK);
@@ -776,11 +783,12 @@ static void test_open_upgrades_a_version_4_file(void **state) {
     assert_int_equal(query_int(f, "SELECT count(*) FROM sqlite_sequence"
                                   " WHERE name = 'events_v5'"),
                      0);
-    assert_int_equal(query_int(f, "SELECT count(*) FROM sqlite_master WHERE name IN"
-                                  " ('events_unpublished', 'events_published')"),
-                     2);
+    assert_int_equal(query_int(f, "SELECT count(*) FROM sqlite_master WHERE name ="
+                                  " 'events_unpublished'"),
+                     1);
     assert_int_equal(query_int(f, "SELECT count(*) FROM sqlite_master WHERE"
-                                  " name LIKE 'sqlite_autoindex_events%'"),
+                                  " name LIKE 'sqlite_autoindex_events%'"
+                                  " OR name = 'events_published'"),
                      0);
     lapse_cancel_item_t items[] = {{.order_id = "m-0000"}, {.order_id = "m-0001"}};
     assert_int_equal(lapse_store_cancel_batch(f->store, items, 2, T0 + 3600000, &err),

@@ -1241,6 +1241,42 @@ static void test_prune_removes_only_what_is_settled_and_old(void **state) {
                      LAPSE_ERR_INVALID);
 }
 
+/* SQLite walks the outbox by seq from its oldest row and stops at the first event
+ * created at or after the cutoff (store_sqlite_sql.h, PRUNE_EVENTS): an old published
+ * event written after a younger one waits for a later prune; nothing young or
+ * unpublished goes. */
+static void test_prune_events_walk_stops_at_the_first_young_event(void **state) {
+    fixture_t *f = *state;
+    SF_SKIP_ON_PG("SQLite's walk of the outbox by seq (PostgreSQL's reads an index)");
+    exec_sql(f, "INSERT INTO events (seq, event_id, order_id, body, created_at_ms,"
+                " published_at_ms) VALUES"
+                " (1, 'order.cancelled:e1', 'e1', '{}', 1000, 1100),"
+                " (2, 'order.cancelled:e2', 'e2', '{}', 1200, NULL),"
+                " (3, 'order.cancelled:e3', 'e3', '{}', 1300, 1400),"
+                " (4, 'order.cancelled:e4', 'e4', '{}', 5000, 5100),"
+                " (5, 'order.cancelled:e5', 'e5', '{}', 1500, 1600),"
+                " (6, 'order.cancelled:e6', 'e6', '{}', 6000, 6100)");
+    lapse_error_t err;
+    int64_t orders = -1, events = -1;
+    assert_int_equal(lapse_store_prune(f->store, 2000, 10, &orders, &events, &err),
+                     LAPSE_OK);
+    assert_int_equal(events, 2);
+    assert_int_equal(query_int(f, "SELECT group_concat(seq, '') FROM events"), 2456);
+    /* Limit 1: the oldest first. */
+    assert_int_equal(lapse_store_prune(f->store, 5500, 1, &orders, &events, &err),
+                     LAPSE_OK);
+    assert_int_equal(events, 1);
+    assert_int_equal(query_int(f, "SELECT group_concat(seq, '') FROM events"), 256);
+    assert_int_equal(lapse_store_prune(f->store, 5500, 10, &orders, &events, &err),
+                     LAPSE_OK);
+    assert_int_equal(events, 1);
+    assert_int_equal(query_int(f, "SELECT group_concat(seq, '') FROM events"), 26);
+    assert_int_equal(lapse_store_prune(f->store, 9000, 10, &orders, &events, &err),
+                     LAPSE_OK);
+    assert_int_equal(events, 1);
+    assert_int_equal(query_int(f, "SELECT group_concat(seq, '') FROM events"), 2);
+}
+
 static void test_names_are_static_strings(void **state) {
     (void)state;
     assert_string_equal(lapse_order_status_name(LAPSE_ORDER_PENDING), "pending");
@@ -1451,6 +1487,7 @@ int main(void) {
         cmocka_unit_test(test_open_bad_uri),
         cmocka_unit_test(test_names_are_static_strings),
         T(test_prune_removes_only_what_is_settled_and_old),
+        T(test_prune_events_walk_stops_at_the_first_young_event),
         T(test_open_uses_wal_and_versioned_schema),
         T(test_open_refuses_newer_schema),
         T(test_insert_is_idempotent_for_same_deadline),
