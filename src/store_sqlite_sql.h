@@ -91,8 +91,8 @@ static const char MIGRATE_V4_SQL[] =
  * AUTOINCREMENT's high-water mark: dropping a table deletes its sqlite_sequence row, and
  * a seq once handed out (to an event pruned since) must not come back. The new table's
  * row is set to the larger of the old row and the highest seq copied before the old
- * table goes; RENAME renames it with the table. SCHEMA_SQL then creates the two partial
- * indexes again. */
+ * table goes; RENAME renames it with the table. The old table's indexes go with it:
+ * SCHEMA_SQL creates events_unpublished again, and no longer events_published. */
 static const char MIGRATE_V5_SQL[] =
     "CREATE TABLE events_v5" EVENTS_COLUMNS ";"
     "INSERT INTO events_v5 (seq, event_id, order_id, body, created_at_ms,"

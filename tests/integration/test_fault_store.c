@@ -78,6 +78,11 @@ static void run(const char *row, const char *name, int lock_ms, bool want_retry_
     h_tap(&h, conn, "tap", events_x, "#");
     h_watch_t *watch = h_watch_start(&h);
     pid_t consumer = h_spawn_consumer(&h, "consumer.log", NULL);
+    /* Consuming before the lock: a consumer still opening the store when it is taken
+     * waits in its open, not in a cancel, and logs no store_retry (a loaded CI machine
+     * once took 11 s to get here, and row c failed on store_retry_lines=0). */
+    assert_int_equal(h_wait_lines(&h, "consumer.log", "event=consuming", 1, h_ms(15000)),
+                     1);
 
     FILE *f = fopen(h_path(&h, "orders.jsonl"), "w");
     assert_non_null(f);
