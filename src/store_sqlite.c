@@ -537,12 +537,13 @@ static void group_holds(cancel_batch_t *c) {
     }
 }
 
-/* The SQL of an INSERT of rows events with the seqs given (?1: created_at_ms; ?3k+2,
- * ?3k+3, ?3k+4: row k's seq, order id and body); malloc'd, NULL when out of memory. */
+/* The SQL of an INSERT of rows events with the seqs given (?1: created_at_ms; ?4k+2,
+ * ?4k+3, ?4k+4, ?4k+5: row k's seq, order id, body and deadline); malloc'd, NULL when out
+ * of memory. */
 static char *event_insert_sql(size_t rows) {
-    static const char head[] =
-        "INSERT INTO events (seq, event_id, order_id, body, created_at_ms) VALUES ";
-    size_t cap = sizeof head + rows * 64;
+    static const char head[] = "INSERT INTO events (seq, event_id, order_id, body,"
+                               " created_at_ms, deadline_ms) VALUES ";
+    size_t cap = sizeof head + rows * 80;
     char *sql = malloc(cap);
     if (sql == NULL) {
         return NULL;
@@ -550,8 +551,9 @@ static char *event_insert_sql(size_t rows) {
     size_t n = (size_t)snprintf(sql, cap, "%s", head);
     for (size_t k = 0; k < rows; k++) {
         n += (size_t)snprintf(
-            sql + n, cap - n, "%s(?%zu, '" EVENT_ID_PREFIX "' || ?%zu, ?%zu, ?%zu, ?1)",
-            k > 0 ? ", " : "", 3 * k + 2, 3 * k + 3, 3 * k + 3, 3 * k + 4);
+            sql + n, cap - n,
+            "%s(?%zu, '" EVENT_ID_PREFIX "' || ?%zu, ?%zu, ?%zu, ?1, ?%zu)",
+            k > 0 ? ", " : "", 4 * k + 2, 4 * k + 3, 4 * k + 3, 4 * k + 4, 4 * k + 5);
     }
     return sql;
 }
@@ -567,20 +569,29 @@ static lapse_status_t insert_event_chunk(sqlite_store_t *s, cancel_batch_t *c,
     int src = sqlite3_bind_int64(st, 1, now_ms);
     for (size_t k = 0; src == SQLITE_OK && k < rows; k++) {
         lapse_cancel_item_t *item = &c->items[at[k]];
-        bodies[k] = lapse__event_body(item->order_id, item->deadline_ms, now_ms,
-                                      names + c->hold_at[at[k]], c->hold_n[at[k]]);
-        if (bodies[k] == NULL) {
-            rc = lapse_error_set(err, LAPSE_ERR_NOMEM, "order %s: cannot build event",
-                                 item->order_id);
-            break;
+        /* An order that held nothing: its body is built again when the event is read
+         * (store_sqlite_sql.h, EVENT_BODY_DERIVED). */
+        if (c->hold_n[at[k]] > 0) {
+            bodies[k] = lapse__event_body(item->order_id, item->deadline_ms, now_ms,
+                                          names + c->hold_at[at[k]], c->hold_n[at[k]]);
+            if (bodies[k] == NULL) {
+                rc = lapse_error_set(err, LAPSE_ERR_NOMEM, "order %s: cannot build event",
+                                     item->order_id);
+                break;
+            }
         }
-        int p = (int)(3 * k + 2);
+        int p = (int)(4 * k + 2);
         src = sqlite3_bind_int64(st, p, first_seq + (int64_t)k);
         if (src == SQLITE_OK) {
             src = sqlite3_bind_text(st, p + 1, item->order_id, -1, SQLITE_STATIC);
         }
         if (src == SQLITE_OK) {
-            src = sqlite3_bind_text(st, p + 2, bodies[k], -1, SQLITE_STATIC);
+            src = sqlite3_bind_text(st, p + 2,
+                                    bodies[k] != NULL ? bodies[k] : EVENT_BODY_DERIVED,
+                                    -1, SQLITE_STATIC);
+        }
+        if (src == SQLITE_OK) {
+            src = sqlite3_bind_int64(st, p + 3, item->deadline_ms);
         }
     }
     if (rc == LAPSE_OK && src == SQLITE_OK) {
@@ -834,6 +845,32 @@ static lapse_status_t sq_events_count(lapse_store_t *store, int64_t *pending,
     return rc;
 }
 
+/* The body of the event row st is on (seq, event_id, order_id, body, deadline_ms,
+ * created_at_ms) into *body: the stored one, or, stored as EVENT_BODY_DERIVED, the one
+ * built again into *built (free()). */
+static lapse_status_t event_row_body(sqlite3_stmt *st, const char **body, size_t *len,
+                                     char **built, lapse_error_t *err) {
+    *body = (const char *)sqlite3_column_text(st, 3);
+    *len = (size_t)sqlite3_column_bytes(st, 3);
+    *built = NULL;
+    if (*body == NULL || *len > 0) {
+        return *body != NULL ? LAPSE_OK
+                             : lapse_error_set(err, LAPSE_ERR_NOMEM, "reading events");
+    }
+    const char *order_id = (const char *)sqlite3_column_text(st, 2);
+    if (order_id == NULL || sqlite3_column_type(st, 4) != SQLITE_INTEGER) {
+        return lapse_error_set(err, LAPSE_ERR_STORE_SQL,
+                               "event %lld: an empty body and no deadline",
+                               (long long)sqlite3_column_int64(st, 0));
+    }
+    *built = lapse__event_body(order_id, sqlite3_column_int64(st, 4),
+                               sqlite3_column_int64(st, 5), NULL, 0);
+    *body = *built;
+    *len = *built != NULL ? strlen(*built) : 0;
+    return *built != NULL ? LAPSE_OK
+                          : lapse_error_set(err, LAPSE_ERR_NOMEM, "reading events");
+}
+
 /* Appends the rows of statement id, bound to the parameters types says (as in run),
  * until out holds limit events. */
 static lapse_status_t collect_events(sqlite_store_t *s, stmt_id_t id, size_t limit,
@@ -849,14 +886,20 @@ static lapse_status_t collect_events(sqlite_store_t *s, stmt_id_t id, size_t lim
         src = SQLITE_OK;
         const char *text[3];
         size_t len[3];
-        for (int c = 0; c < 3; c++) {
+        char *built = NULL;
+        for (int c = 0; c < 2; c++) {
             text[c] = (const char *)sqlite3_column_text(st, c + 1);
             len[c] = (size_t)sqlite3_column_bytes(st, c + 1);
         }
-        if (text[0] == NULL || text[1] == NULL || text[2] == NULL ||
-            !lapse__event_list_add(out, sqlite3_column_int64(st, 0), text[0], len[0],
-                                   text[1], len[1], text[2], len[2])) {
+        rc = event_row_body(st, &text[2], &len[2], &built, err);
+        if (rc == LAPSE_OK &&
+            (text[0] == NULL || text[1] == NULL ||
+             !lapse__event_list_add(out, sqlite3_column_int64(st, 0), text[0], len[0],
+                                    text[1], len[1], text[2], len[2]))) {
             rc = lapse_error_set(err, LAPSE_ERR_NOMEM, "reading events");
+        }
+        free(built);
+        if (rc != LAPSE_OK) {
             break;
         }
     }
@@ -1104,6 +1147,9 @@ static lapse_status_t apply_schema(sqlite_store_t *s, lapse_error_t *err) {
                (src = sqlite3_exec(s->db, MIGRATE_V5_SQL, NULL, NULL, NULL)) !=
                    SQLITE_OK) {
         rc = open_fail(s, src, "schema upgrade to version 5", err);
+    } else if (version == 5 && (src = sqlite3_exec(s->db, MIGRATE_V6_SQL, NULL, NULL,
+                                                   NULL)) != SQLITE_OK) {
+        rc = open_fail(s, src, "schema upgrade to version 6", err);
     } else if (version < SCHEMA_VERSION &&
                (src = sqlite3_exec(s->db, SCHEMA_SQL, NULL, NULL, NULL)) != SQLITE_OK) {
         rc = open_fail(s, src, "schema", err);

@@ -7,7 +7,7 @@
 
 #include <lapse/message.h>
 
-#define SCHEMA_VERSION 5 /* PRAGMA user_version; SCHEMA_SQL sets it */
+#define SCHEMA_VERSION 6 /* PRAGMA user_version; SCHEMA_SQL sets it */
 
 /* The orders table's columns, for SCHEMA_SQL and for the version 4 rebuild alike. The
  * status CHECK is three comparisons, not `status IN ('pending', 'paid', 'cancelled')`:
@@ -25,7 +25,9 @@
     " cancelled_at_ms INTEGER,"                                                          \
     " scheduled INTEGER NOT NULL DEFAULT 0 CHECK (scheduled IN (0, 1)))"
 
-/* The events table's columns, for SCHEMA_SQL and for the version 5 rebuild alike. Up to
+/* The events table's columns, for SCHEMA_SQL and for the version 5 rebuild alike (the
+ * last one, deadline_ms, is version 6's: MIGRATE_V6_SQL adds it to a file of version 5,
+ * where ALTER TABLE puts it last too). Up to
  * version 4 event_id was UNIQUE: a guard against a second event for one order, should a
  * second cancellation ever get past the compare-and-set. The compare-and-set is what
  * prevents that (ORDERS_CANCEL changes only a pending row, under the write lock that
@@ -38,7 +40,8 @@
     " order_id TEXT NOT NULL,"                                                           \
     " body TEXT NOT NULL,"                                                               \
     " created_at_ms INTEGER NOT NULL,"                                                   \
-    " published_at_ms INTEGER)"
+    " published_at_ms INTEGER,"                                                          \
+    " deadline_ms INTEGER)"
 
 /* Applied in one write transaction when user_version is behind, to a new file or to one
  * of an older version alike: every statement is IF NOT EXISTS, which also makes a race
@@ -53,7 +56,10 @@
  * events' UNIQUE (event_id), as EVENTS_COLUMNS says (MIGRATE_V5_SQL rebuilds the table),
  * and the index events_published (published_at_ms), which only PRUNE_EVENTS read while
  * every published mark paid an insert into it: 2.1k of 54k instructions per order of a
- * draining consumer (issue 14). */
+ * draining consumer (issue 14). Version 6 added events.deadline_ms (MIGRATE_V6_SQL): an
+ * event of an order that held nothing is stored without its body (see
+ * EVENT_BODY_DERIVED).
+ */
 static const char SCHEMA_SQL[] =
     "CREATE TABLE IF NOT EXISTS orders" ORDERS_COLUMNS ";"
     "CREATE INDEX IF NOT EXISTS orders_pending_deadline ON orders (deadline_ms, order_id)"
@@ -70,7 +76,7 @@ static const char SCHEMA_SQL[] =
     " WHERE published_at_ms IS NULL;"
     "CREATE INDEX IF NOT EXISTS orders_settled_deadline ON orders (deadline_ms)"
     " WHERE status <> 'pending';"
-    "PRAGMA user_version = 5;";
+    "PRAGMA user_version = 6;";
 
 /* Before SCHEMA_SQL, on a file of versions 1 to 3 only: the rebuild that SQLite's
  * documentation gives for a change ALTER TABLE cannot make (lang_altertable.html, section
@@ -104,6 +110,21 @@ static const char MIGRATE_V5_SQL[] =
     " coalesce((SELECT max(seq) FROM events), 0));"
     "DROP TABLE events;"
     "ALTER TABLE events_v5 RENAME TO events;";
+
+/* Before SCHEMA_SQL, on a file of version 5 only (the version 5 rebuild of an older file
+ * already has the column, from EVENTS_COLUMNS). A column added with no default changes no
+ * row: the events written before it keep their bodies. */
+static const char MIGRATE_V6_SQL[] = "ALTER TABLE events ADD COLUMN deadline_ms INTEGER;";
+
+/* An event of an order cancelled with no holds is stored with an empty body (never a
+ * JSON text) and its order's deadline in deadline_ms: its body is lapse__event_body's of
+ * (order_id, deadline_ms, created_at_ms, no holds), built again when it is read
+ * (collect_events), byte for byte what the cancel would have stored. The body was about
+ * 135 of an event row's 210 bytes, and the row is written twice (the cancel's INSERT,
+ * the published mark's UPDATE): a draining consumer wrote about three times the WAL
+ * frames for the outbox that it now does (issue 14). An event with holds keeps its body,
+ * and so does every event written before version 6. */
+#define EVENT_BODY_DERIVED ""
 
 /* Every statement the backend runs; prepared at open, reset after each use. Statements
  * over a set of orders (a cancel batch, a mark-scheduled batch) take it as one JSON array
@@ -171,15 +192,18 @@ static const char MIGRATE_V5_SQL[] =
                         " AND deadline_ms < ?3 AND created_at_ms < ?4"                   \
                         " ORDER BY deadline_ms, order_id LIMIT ?5")                      \
     X(ORDER_COUNT, "SELECT status, count(*) FROM orders GROUP BY status")                \
-    X(EVENTS_PENDING, "SELECT seq, event_id, order_id, body FROM events"                 \
+    X(EVENTS_PENDING, "SELECT seq, event_id, order_id, body, deadline_ms, created_at_ms" \
+                      " FROM events"                                                     \
                       " WHERE published_at_ms IS NULL ORDER BY seq LIMIT ?1")            \
-    X(EVENTS_BY_SEQ, "SELECT seq, event_id, order_id, body FROM events"                  \
+    X(EVENTS_BY_SEQ, "SELECT seq, event_id, order_id, body, deadline_ms, created_at_ms"  \
+                     " FROM events"                                                      \
                      " WHERE seq IN (SELECT value FROM json_each(?1))"                   \
                      " AND published_at_ms IS NULL ORDER BY seq")                        \
     X(EVENTS_PUBLISHED, "UPDATE events SET published_at_ms = ?1"                         \
                         " WHERE seq IN (SELECT value FROM json_each(?2))"                \
                         " AND published_at_ms IS NULL")                                  \
-    X(EVENTS_BY_RANGE, "SELECT seq, event_id, order_id, body FROM events"                \
+    X(EVENTS_BY_RANGE, "SELECT seq, event_id, order_id, body, deadline_ms,"              \
+                       " created_at_ms FROM events"                                      \
                        " WHERE seq BETWEEN ?1 AND ?2 AND published_at_ms IS NULL"        \
                        " ORDER BY seq")                                                  \
     X(EVENTS_PUBLISHED_RANGE,                                                            \

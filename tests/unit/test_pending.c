@@ -801,6 +801,76 @@ static void test_open_upgrades_a_version_4_file(void **state) {
                      2);
 }
 
+typedef struct bodies {
+    size_t n;
+    char body[4][256];
+} bodies_t;
+
+static int keep_body(void *opaque, const lapse_event_t *event) {
+    bodies_t *b = opaque;
+    if (b->n < 4) {
+        snprintf(b->body[b->n], sizeof(b->body[0]), "%s", event->body);
+    }
+    b->n++;
+    return 0;
+}
+
+/* A file of schema version 5 (events without deadline_ms) with an event still in its
+ * outbox: the column is added, that event is published with the body it was stored
+ * with, and the next event of an order without holds is stored without its body and
+ * read back whole. */
+static void test_open_upgrades_a_version_5_file(void **state) {
+    fixture_t *f = *state;
+    SF_SKIP_ON_PG("a file of SQLite schema version 5");
+    lapse_status_t rc;
+    lapse_error_t err;
+    f->store = lapse_store_open(f->uri, &rc, &err);
+    assert_non_null(f->store);
+    insert_many(f->store, 3);
+    lapse_store_close(f->store);
+    f->store = NULL;
+    sqlite3 *db = NULL;
+    assert_int_equal(sqlite3_open_v2(f->path, &db, SQLITE_OPEN_READWRITE, NULL),
+                     SQLITE_OK);
+    assert_int_equal(sqlite3_exec(db,
+                                  "ALTER TABLE events DROP COLUMN deadline_ms;"
+                                  "INSERT INTO events (seq, event_id, order_id, body,"
+                                  " created_at_ms) VALUES (5, 'order.cancelled:old',"
+                                  " 'old', '{\"stored\":\"as written\"}', 1);"
+                                  "PRAGMA user_version = 5;",
+                                  NULL, NULL, NULL),
+                     SQLITE_OK);
+    sqlite3_close(db);
+
+    f->store = lapse_store_open(f->uri, &rc, &err);
+    assert_non_null(f->store);
+    assert_int_equal(query_int(f, "PRAGMA user_version"), SCHEMA_VERSION);
+    assert_int_equal(query_int(f, "SELECT count(*) FROM pragma_table_info('events')"
+                                  " WHERE name = 'deadline_ms' AND cid = 6"),
+                     1);
+    assert_int_equal(query_int(f, "SELECT count(*) FROM events WHERE deadline_ms IS NULL"
+                                  " AND body = '{\"stored\":\"as written\"}'"),
+                     1);
+    lapse_cancel_item_t item = {.order_id = "m-0001"};
+    assert_int_equal(lapse_store_cancel_batch(f->store, &item, 1, T0 + 3600000, &err),
+                     LAPSE_OK);
+    assert_int_equal(item.outcome, LAPSE_CANCEL_DONE);
+    assert_int_equal(item.event_seq, 6);
+    assert_int_equal(query_int(f, "SELECT deadline_ms FROM events WHERE seq = 6"
+                                  " AND body = ''"),
+                     T0 + 1000);
+    bodies_t b = {0};
+    assert_int_equal(
+        lapse_store_events_pending(f->store, 10, NULL, 0, keep_body, &b, &err), LAPSE_OK);
+    assert_int_equal(b.n, 2);
+    assert_string_equal(b.body[0], "{\"stored\":\"as written\"}");
+    assert_string_equal(b.body[1],
+                        "{\"event\":\"order.cancelled\",\"order_id\":\"m-0001\","
+                        "\"deadline\":\"2027-01-15T08:00:01.000Z\","
+                        "\"cancelled_at\":\"2027-01-15T09:00:00.000Z\","
+                        "\"holds\":[]}");
+}
+
 int main(void) {
 #define T(name) cmocka_unit_test_setup_teardown(name, setup, teardown)
     const struct CMUnitTest tests[] = {
@@ -820,6 +890,8 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_open_upgrades_a_version_1_file, setup_dir,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_open_upgrades_a_version_4_file, setup_dir,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_open_upgrades_a_version_5_file, setup_dir,
                                         teardown),
     };
 #undef T

@@ -337,7 +337,7 @@ static void test_open_uses_wal_and_versioned_schema(void **state) {
     assert_string_equal((const char *)sqlite3_column_text(st, 0), "wal");
     sqlite3_finalize(st);
     sqlite3_close(db);
-    assert_int_equal(query_int(f, "PRAGMA user_version"), 5);
+    assert_int_equal(query_int(f, "PRAGMA user_version"), 6);
     assert_int_equal(query_int(f,
                                "SELECT count(*) FROM sqlite_master WHERE type = 'table'"
                                " AND name IN ('orders', 'holds', 'events')"),
@@ -797,6 +797,65 @@ static void test_cancel_event_body_names_order_deadline_and_holds(void **state) 
                             "\"cancelled_at\":\"2027-01-15T08:30:00.250Z\","
                             "\"holds\":[\"slot-a\",\"slot-b\"]}");
     }
+}
+
+/* An order that held nothing gets the same event, read by every walk of the outbox (by
+ * page, by seq, by a run of seqs); SQLite stores it without its body (schema version 6,
+ * store_sqlite_sql.h: EVENT_BODY_DERIVED) and builds it again when it reads it. */
+static void test_cancel_event_body_without_holds(void **state) {
+    fixture_t *f = *state;
+    int64_t seq = 0;
+    seen_t seen = {0};
+    char deadline[LAPSE_RFC3339_LEN], cancelled_at[LAPSE_RFC3339_LEN], want[512];
+    cancel_one_event(f, "ord-plain", NULL, 0, DEADLINE + 31, &seen, &seq, deadline,
+                     cancelled_at);
+    snprintf(want, sizeof(want),
+             "{\"event\":\"order.cancelled\",\"order_id\":\"ord-plain\","
+             "\"deadline\":\"%s\",\"cancelled_at\":\"%s\",\"holds\":[]}",
+             deadline, cancelled_at);
+    assert_string_equal(seen.event_id[0], "order.cancelled:ord-plain");
+    assert_string_equal(seen.body[0], want);
+    if (f->sf.backend == SF_SQLITE) {
+        assert_string_equal(seen.body[0],
+                            "{\"event\":\"order.cancelled\",\"order_id\":\"ord-plain\","
+                            "\"deadline\":\"2027-01-15T08:30:00.000Z\","
+                            "\"cancelled_at\":\"2027-01-15T08:30:00.031Z\","
+                            "\"holds\":[]}");
+        assert_int_equal(query_int(f,
+                                   "SELECT count(*) FROM events WHERE body = ''"
+                                   " AND deadline_ms = (SELECT deadline_ms FROM orders)"
+                                   " AND created_at_ms = (SELECT cancelled_at_ms"
+                                   " FROM orders)"),
+                         1);
+    }
+    /* The same body by seq and by a run of seqs. */
+    for (int by = 0; by < 2; by++) {
+        int64_t seqs[] = {seq, seq + 1000};
+        seen_t again = {0};
+        lapse_error_t err;
+        release_claims(f);
+        assert_int_equal(lapse_store_events_pending(f->store, 10, seqs, by == 0 ? 1 : 2,
+                                                    record_event, &again, &err),
+                         LAPSE_OK);
+        assert_int_equal(again.n, 1);
+        assert_string_equal(again.body[0], want);
+    }
+}
+
+/* A row with an empty body and no deadline cannot be published: the walk says so
+ * instead of publishing an empty event. */
+static void test_events_pending_refuses_a_row_without_body_or_deadline(void **state) {
+    fixture_t *f = *state;
+    SF_SKIP_ON_PG("SQLite's derived bodies");
+    exec_sql(f, "INSERT INTO events (event_id, order_id, body, created_at_ms)"
+                " VALUES ('order.cancelled:x', 'x', '', 1)");
+    seen_t seen = {0};
+    lapse_error_t err = {0};
+    assert_int_equal(
+        lapse_store_events_pending(f->store, 10, NULL, 0, record_event, &seen, &err),
+        LAPSE_ERR_STORE_SQL);
+    assert_non_null(strstr(err.text, "an empty body and no deadline"));
+    assert_int_equal(seen.n, 0);
 }
 
 static int compare_strings(const void *a, const void *b) {
@@ -1513,6 +1572,8 @@ int main(void) {
         T(test_cancel_mixed_batch),
         T(test_cancel_event_body_names_order_deadline_and_holds),
         T(test_cancel_event_body_is_stored_as_written),
+        T(test_cancel_event_body_without_holds),
+        T(test_events_pending_refuses_a_row_without_body_or_deadline),
         T(test_events_pending_and_mark_published),
         T(test_events_pending_in_pages),
         T(test_events_pending_filters_by_seq),
