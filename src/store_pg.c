@@ -702,26 +702,26 @@ static int first_row(const PGresult *res, int n, const char *id) {
     return lo < n && strcmp(lapse__pq.PQgetvalue(res, lo, 0), id) == 0 ? lo : n;
 }
 
-/* The events of the cancelled items: bodies built from each order's holds (HOLDS_OF,
- * sorted by order then resource), inserted in one statement, seqs written back. */
+/* The events of the cancelled items: bodies built from each order's holds (holds: the
+ * rows HOLDS_RELEASE released, sorted by order then resource; borrowed), inserted in one
+ * statement, seqs written back. */
 static lapse_status_t record_events(pg_store_t *s, lapse_cancel_item_t *items, size_t n,
-                                    const by_id_t *index, const char *ids_lit,
+                                    const by_id_t *index, const PGresult *holds,
                                     int64_t now, lapse_error_t *err) {
-    PGresult *holds = NULL, *ins = NULL;
-    const char *p1[1] = {ids_lit};
-    lapse_status_t rc = exec_v(s, PS_HOLDS_OF, &holds, 1, p1, err);
+    PGresult *ins = NULL;
+    lapse_status_t rc = LAPSE_OK;
     arr_t ev_ids, ev_orders, ev_bodies;
     arr_init(&ev_ids);
     arr_init(&ev_orders);
     arr_init(&ev_bodies);
     int row = 0;
-    int nrows = rc == LAPSE_OK ? lapse__pq.PQntuples(holds) : 0;
+    int nrows = lapse__pq.PQntuples(holds);
     for (size_t i = 0; rc == LAPSE_OK && i < n; i++) {
         lapse_cancel_item_t *it = &items[i];
         if (it->outcome != LAPSE_CANCEL_DONE) {
             continue;
         }
-        /* This order's holds: HOLDS_OF is sorted by order id, byte-wise. */
+        /* This order's holds: HOLDS_RELEASE sorts by order id, byte-wise. */
         char *names[64];
         char **hold = names;
         size_t n_hold = 0, cap = sizeof names / sizeof names[0];
@@ -778,7 +778,6 @@ static lapse_status_t record_events(pg_store_t *s, lapse_cancel_item_t *items, s
             items[index[k].i].event_seq = col_int(ins, r, 0);
         }
     }
-    lapse__pq.PQclear(holds);
     lapse__pq.PQclear(ins);
     arr_free(&ev_ids);
     arr_free(&ev_orders);
@@ -887,8 +886,10 @@ static lapse_status_t pg_cancel_batch(lapse_store_t *store, lapse_cancel_item_t 
                                  lapse__pq.PQcmdTuples(upd), n_due);
         }
         lapse__pq.PQclear(upd);
+        /* The holds released are the holds the events name: one statement for both. */
+        PGresult *holds = NULL;
         if (rc == LAPSE_OK) {
-            rc = exec_v(s, PS_HOLDS_RELEASE, NULL, 2, p2, err);
+            rc = exec_v(s, PS_HOLDS_RELEASE, &holds, 2, p2, err);
         }
         /* The shop's own release of what each order held, in this transaction: one
          * failing statement rolls the whole batch back. */
@@ -898,8 +899,9 @@ static lapse_status_t pg_cancel_batch(lapse_store_t *store, lapse_cancel_item_t 
             }
         }
         if (rc == LAPSE_OK) {
-            rc = record_events(s, items, n, index, due_lit, now, err);
+            rc = record_events(s, items, n, index, holds, now, err);
         }
+        lapse__pq.PQclear(holds);
     }
     lapse__pq.PQclear(locked);
     arr_free(&ids);
@@ -1204,6 +1206,9 @@ static lapse_status_t migrate(pg_store_t *s, const char *quoted, bool must_exist
     buf_t b = {.ok = true};
     char *lock = lapse__pq.PQescapeLiteral(s->conn, s->schema, strlen(s->schema));
     buf_str(&b, PG_BEGIN);
+    /* IF [NOT] EXISTS on what is (or is not) there raises NOTICEs, which libpq would
+     * print on stderr, between lapse's own log lines. */
+    buf_str(&b, "; SET LOCAL client_min_messages = warning");
     buf_str(&b, "; SELECT pg_advisory_xact_lock(hashtextextended('lapse.schema:' || ");
     buf_str(&b, lock != NULL ? lock : "''");
     buf_str(&b, ", 0)); CREATE SCHEMA IF NOT EXISTS ");
@@ -1225,13 +1230,16 @@ static lapse_status_t migrate(pg_store_t *s, const char *quoted, bool must_exist
                              s->schema, version, PG_SCHEMA_VERSION);
     }
     if (rc == LAPSE_OK && version < PG_SCHEMA_VERSION) {
-        /* Every step is IF NOT EXISTS, so the steps from the version found on apply. */
+        /* Every step is IF [NOT] EXISTS, so the steps from the version found on apply. */
         b = (buf_t){.ok = true};
         if (version < 1) {
             buf_str(&b, PG_SCHEMA_V1);
         }
         buf_str(&b, PG_SCHEMA_V2);
-        buf_str(&b, "DELETE FROM @.lapse_schema; INSERT INTO @.lapse_schema VALUES (2)");
+        buf_str(&b, PG_SCHEMA_V3);
+        buf_str(&b,
+                "DELETE FROM @.lapse_schema; INSERT INTO @.lapse_schema VALUES (" PG_TEXT(
+                    PG_SCHEMA_VERSION) ")");
         rc = b.ok && expand(quoted, b.p, &sql) == LAPSE_OK
                  ? exec_simple(s, sql, "schema", err)
                  : nomem(err, "schema");

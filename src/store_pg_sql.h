@@ -12,7 +12,9 @@
 #ifndef LAPSE_STORE_PG_SQL_H
 #define LAPSE_STORE_PG_SQL_H
 
-#define PG_SCHEMA_VERSION 2
+#define PG_SCHEMA_VERSION 3
+#define PG_TEXT_(x)       #x
+#define PG_TEXT(x)        PG_TEXT_(x) /* PG_TEXT(PG_SCHEMA_VERSION) is "3" */
 
 #define NOW_MS "(floor(extract(epoch FROM now()) * 1000))::bigint"
 
@@ -66,6 +68,17 @@ static const char PG_SCHEMA_V2[] =
     " scheduled smallint NOT NULL DEFAULT 0 CHECK (scheduled IN (0, 1)));"
     "CREATE INDEX IF NOT EXISTS scheduled_deadline ON @.scheduled (deadline_ms);";
 
+/* Version 3 (issue 14): the outbox loses two indexes that a draining consumer paid for
+ * on every event and that nothing needs, as SQLite's version 5 did: UNIQUE (event_id)
+ * (the cancel's compare-and-set already writes one event per order) and events_published
+ * (only pruning read it; PRUNE_EVENTS walks by seq now). The published mark changes
+ * published_at_ms, which events_unpublished's predicate reads, so it is never a HOT
+ * update: each mark inserted the new row version into every index of the table, three
+ * then, one now. */
+static const char PG_SCHEMA_V3[] =
+    "ALTER TABLE @.events DROP CONSTRAINT IF EXISTS events_event_id_key;"
+    "DROP INDEX IF EXISTS @.events_published;";
+
 /* Each transaction that writes starts with this (one round trip): short waits for locks,
  * a bound on every statement, and a session that dies rather than sit on its locks. */
 #define PG_BEGIN                                                                         \
@@ -107,11 +120,10 @@ static const char PG_SCHEMA_V2[] =
     X(ORDERS_CANCEL, "UPDATE @.orders o SET status = 'cancelled', cancelled_at_ms = $2"  \
                      " FROM unnest($1::text[]) AS t (id) WHERE o.order_id = t.id"        \
                      " AND o.status = 'pending' AND o.deadline_ms <= $2")                \
-    X(HOLDS_RELEASE, "UPDATE @.holds SET released_at_ms = $2"                            \
-                     " WHERE order_id = ANY ($1::text[]) AND released_at_ms IS NULL")    \
-    X(HOLDS_OF,                                                                          \
-      "SELECT order_id, resource FROM @.holds"                                           \
-      " WHERE order_id = ANY ($1::text[]) ORDER BY order_id, resource COLLATE \"C\"")    \
+    X(HOLDS_RELEASE, "WITH r AS (UPDATE @.holds SET released_at_ms = $2"                 \
+                     " WHERE order_id = ANY ($1::text[]) AND released_at_ms IS NULL"     \
+                     " RETURNING order_id, resource) SELECT order_id, resource FROM r"   \
+                     " ORDER BY order_id, resource COLLATE \"C\"")                       \
     X(EVENTS_INSERT, "INSERT INTO @.events (event_id, order_id, body, created_at_ms,"    \
                      " claimed_until_ms) SELECT e, o, b, $4, $5 FROM"                    \
                      " unnest($1::text[], $2::text[], $3::text[]) AS t (e, o, b)"        \
@@ -136,12 +148,15 @@ static const char PG_SCHEMA_V2[] =
       "DELETE FROM @.orders WHERE order_id IN (SELECT o.order_id"                        \
       " FROM @.orders o WHERE o.status <> 'pending' AND o.deadline_ms < $1"              \
       " AND coalesce(o.paid_at_ms, o.cancelled_at_ms) < $1"                              \
-      " AND NOT EXISTS (SELECT 1 FROM @.events e WHERE e.event_id ="                     \
-      " 'order.cancelled:' || o.order_id AND e.published_at_ms IS NULL)"                 \
+      " AND NOT EXISTS (SELECT 1 FROM @.events e WHERE e.order_id = o.order_id"          \
+      " AND e.published_at_ms IS NULL)"                                                  \
       " LIMIT $2"                                                                        \
       " FOR UPDATE SKIP LOCKED)")                                                        \
     X(PRUNE_EVENTS, "DELETE FROM @.events WHERE seq IN (SELECT seq FROM @.events"        \
-                    " WHERE published_at_ms < $1 LIMIT $2 FOR UPDATE SKIP LOCKED)")      \
+                    " WHERE seq < coalesce((SELECT seq FROM @.events"                    \
+                    " WHERE created_at_ms >= $1 ORDER BY seq LIMIT 1),"                  \
+                    " 9223372036854775807) AND published_at_ms < $1"                     \
+                    " ORDER BY seq LIMIT $2 FOR UPDATE SKIP LOCKED)")                    \
     X(PENDING_PAGE, "SELECT o.order_id, o.deadline_ms, o.created_at_ms, o.scheduled,"    \
                     " CASE WHEN $6 THEN " HOLDS_JSON " END FROM @.orders o"              \
                     " WHERE o.status = 'pending' AND (o.deadline_ms, o.order_id) >"      \
@@ -237,8 +252,8 @@ static const char *const PG_MAP_SQL[PS_COUNT_] = {
         " WHERE {ID} = ANY ($1::{IDT}[]) AND {ST}::text = ANY ({PENDING})"
         " AND {DLMS} <= $2",
     /* The shop's on_cancel statements release what an order held (store_pg_map.c). */
-    [PS_HOLDS_RELEASE] = "SELECT 1 WHERE $1::text[] IS NULL AND $2::bigint IS NULL",
-    [PS_HOLDS_OF] = "SELECT NULL::text, NULL::text WHERE $1::text[] IS NULL",
+    [PS_HOLDS_RELEASE] = "SELECT NULL::text, NULL::text"
+                         " WHERE $1::text[] IS NULL AND $2::bigint IS NULL",
     [PS_ORDER_COUNT] = "SELECT {CLASS}, count(*) FROM {T} GROUP BY 1",
     [PS_PRUNE_ORDERS] = "DELETE FROM @.scheduled WHERE order_id IN (SELECT s.order_id"
                         " FROM @.scheduled s WHERE s.deadline_ms < $1 AND NOT EXISTS"
