@@ -139,6 +139,11 @@ static lapse_status_t collect(lapse_consumer_t *c, lapse_error_t *err) {
         if (rc != LAPSE_OK) {
             return rc;
         }
+        /* Nothing unacked and nothing came for a batch window: the queue is empty (a
+         * shorter wait, or one cut short by a heartbeat, proves nothing). */
+        if (!got && c->n == 0 && lapse__mono_ms() - now >= CONSUMER_BATCH_WINDOW_MS) {
+            lapse__consumer_drained(c);
+        }
         if (!got) {
             if (c->n == 0 || lapse__mono_ms() - started >= CONSUMER_BATCH_WINDOW_MS) {
                 break;
@@ -156,6 +161,10 @@ static lapse_status_t collect(lapse_consumer_t *c, lapse_error_t *err) {
                           .body_len = in.body_len,
                           .death_ms = lapse__hdr_death_time_ms(in.props),
                           .attempts = lapse__hdr_attempts(in.props)};
+        /* The queue is FIFO: whatever died before this one was delivered before it. */
+        if (d->death_ms > c->delivered_until) {
+            c->delivered_until = d->death_ms;
+        }
         d->received_mono = lapse__mono_ms();
         if (c->n++ == 0) {
             started = d->received_mono;

@@ -153,11 +153,18 @@ struct lapse_consumer {
     int64_t sweep_at;      /* mono: next sweep (0: at start) */
     int64_t prune_at;      /* mono: the next sweep that also prunes (0: not set yet) */
     const char *sweep_skipped; /* why direct cancels were last skipped, to log changes */
-    lapse__clock_t clock;      /* the broker-clock floor (decision.c) */
-    bool stepped;              /* the wall clock stepped and no sample came since */
-    int64_t probe_at;          /* mono: next clock probe (0: due) */
-    bool probe_failed;         /* the last probe failed (logged once) */
-    int64_t ahead_logged;      /* last "ahead" logged, to log changes only */
+    /* How far the expired queue is drained (ms since the epoch, 0: unknown yet): every
+     * message dead-lettered before it has been delivered. The latest x-death time
+     * delivered, or the decision clock when a wait found the queue empty. The sweep
+     * cancels directly only what is older than this by the grace (a backlog is late,
+     * not lost). */
+    int64_t delivered_until;
+    bool sweep_behind; /* the sweep was last held back by a backlog (logged on change) */
+    lapse__clock_t clock; /* the broker-clock floor (decision.c) */
+    bool stepped;         /* the wall clock stepped and no sample came since */
+    int64_t probe_at;     /* mono: next clock probe (0: due) */
+    bool probe_failed;    /* the last probe failed (logged once) */
+    int64_t ahead_logged; /* last "ahead" logged, to log changes only */
     lapse_consumer_stats_t stats;
     lapse__metrics_t *metrics; /* borrowed, may be NULL (lapse__consumer_set_metrics) */
     int64_t count_at;          /* mono: next outbox count for the metrics */
@@ -191,6 +198,8 @@ void lapse__consumer_probe_clock(lapse_consumer_t *c);
  *  when none may run. broker_up: a session is open (a probe or deliveries can give a
  *  floor). See docs/design.md, "The clock rule". */
 int64_t lapse__consumer_sweep_now(lapse_consumer_t *c, bool broker_up, const char **why);
+/** A wait for deliveries found none: the expired queue was empty just now. */
+void lapse__consumer_drained(lapse_consumer_t *c);
 
 /** Make text one log token: quotes and line breaks become apostrophes. */
 void lapse__consumer_sanitize(char *text);

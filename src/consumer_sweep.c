@@ -37,6 +37,40 @@ static void log_skipped(lapse_consumer_t *c, const char *why) {
     }
 }
 
+void lapse__consumer_drained(lapse_consumer_t *c) {
+    const char *why = NULL;
+    int64_t now = lapse__consumer_sweep_now(c, true, &why);
+    if (now == LAPSE__NOTHING_DUE) {
+        now = lapse_clock_now_ms(); /* no broker bound: the wall clock, as the sweep */
+    }
+    if (now > c->delivered_until) {
+        c->delivered_until = now;
+    }
+}
+
+/* The bound for direct cancels while consuming: how far the expired queue is drained.
+ * Logged when a backlog older than the grace starts and stops holding them back. */
+static int64_t delivered_until(lapse_consumer_t *c, int64_t now) {
+    /* Nothing delivered and no empty wait yet (just connected): nothing is known
+     * lost. 1 ms after the epoch bounds every deadline out. */
+    int64_t until = c->delivered_until > 0 ? c->delivered_until : 1;
+    bool behind = now != LAPSE__NOTHING_DUE && c->delivered_until > 0 &&
+                  now - until > c->cfg->sweep_grace_ms;
+    if (behind != c->sweep_behind) {
+        c->sweep_behind = behind;
+        if (behind) {
+            lapse__log(c->cfg, LAPSE_LOG_WARN,
+                       "event=sweep_behind_backlog behind_ms=%lld note=\"the expired "
+                       "queue holds messages older than the grace; direct cancels wait "
+                       "for the consumer to reach them\"",
+                       (long long)(now - until));
+        } else {
+            lapse__log(c->cfg, LAPSE_LOG_INFO, "event=sweep_caught_up");
+        }
+    }
+    return until;
+}
+
 void lapse__consumer_sweep(lapse_consumer_t *c, bool broker_up) {
     int64_t mono = lapse__mono_ms();
     if (c->cfg->sweep_every_ms <= 0 || mono < c->sweep_at || *c->stop) {
@@ -66,6 +100,11 @@ void lapse__consumer_sweep(lapse_consumer_t *c, bool broker_up) {
         opts.cancel = opts.now_ms != LAPSE__NOTHING_DUE;
     }
     log_skipped(c, why);
+    if (broker_up) {
+        /* While the broker is down nothing can be delivered: the grace alone decides. */
+        opts.delivered_until_ms =
+            delivered_until(c, opts.now_ms != 0 ? opts.now_ms : lapse_clock_now_ms());
+    }
     budget_t budget = {.stop = c->stop,
                        .until = lapse__time_add(mono, CONSUMER_SWEEP_BUDGET_MS)};
     opts.progress = over_budget;

@@ -566,6 +566,11 @@ lapse_status_t lapse_sweep_run(const lapse_config_t *cfg, lapse_store_t *store,
      * clock the direct cancels use the caller's decision clock when it gives one. */
     int64_t cancel_now =
         opts->now_ms != 0 && !lapse_store_has_clock(store) ? opts->now_ms : now;
+    /* A message still waiting in the expired queue is late, not lost: its consumer
+     * cancels it when it gets there. */
+    if (opts->delivered_until_ms > 0 && opts->delivered_until_ms < cancel_now) {
+        cancel_now = opts->delivered_until_ms;
+    }
     s->cancel_due_before = lapse__time_add(cancel_now, 1 - opts->grace_ms);
     /* The store-only part first: it needs no broker, and what it cancels need not be
      * published again. */

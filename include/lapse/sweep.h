@@ -56,6 +56,11 @@ typedef struct lapse_sweep_opts {
                                          retries, so a caller's stop or time budget is
                                          seen within one store wait */
     void *progress_opaque;
+    int64_t delivered_until_ms; /* > 0: every expiry message due before this time (ms
+                             since the epoch) is known delivered, and a direct cancel
+                             also needs deadline + grace <= this. A consumer passes
+                             how far it has drained its expired queue, so that its own
+                             backlog is not cancelled as lost. 0 (default): no bound */
 } lapse_sweep_opts_t;
 
 /** Set the defaults above. */

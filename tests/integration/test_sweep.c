@@ -307,6 +307,79 @@ static void test_purged_orders_are_cancelled_after_the_grace_period(void **state
     h_teardown(&h);
 }
 
+/* A consumer far behind is late, not lost: with the expired queue holding messages
+ * older than the grace, the consumer's own sweep cancels directly only the orders whose
+ * messages are truly gone (recorded, never published, due long before the backlog),
+ * and leaves the backlog to the consumer, which cancels each of its orders once, as an
+ * expiry. Before, the first sweep cancelled the whole backlog as "message_lost". */
+static void test_consumer_backlog_is_not_swept_as_lost(void **state) {
+    (void)state;
+    enum { N = 300, LOST = 5 };
+    h_ctx_t h;
+    h_setup(&h, "sweep-backlog", "1s", true);
+    tap_events(&h);
+    FILE *f = fopen(h_path(&h, "batch.jsonl"), "w");
+    assert_non_null(f);
+    for (int i = 0; i < N; i++) {
+        fprintf(f, "{\"order_id\":\"ord-%d\",\"timeout\":\"1s\"}\n", i);
+    }
+    fclose(f);
+    assert_int_equal(
+        h_lapse(&h, NULL, 0, "publish", "--batch", h_path(&h, "batch.jsonl"), NULL), 0);
+    /* Lost for good: confirmed as scheduled 30 s before the backlog fell due, with no
+     * message anywhere. */
+    lapse_store_t *store = open_store(&h);
+    int64_t now = wall_ms();
+    for (int i = 0; i < LOST; i++) {
+        char id[32];
+        snprintf(id, sizeof id, "lost-%d", i);
+        record(store, id, now - 30 * SEC, now - 40 * SEC, NULL, true);
+    }
+    lapse_store_close(store);
+    /* The backlog: every message dead-lettered into the expired queue, then left there
+     * three times the grace. */
+    assert_int_equal(wait_messages(&h, N), N);
+    amqp_connection_state_t conn = h_amqp_open(&h);
+    char expired[160];
+    snprintf(expired, sizeof expired, "%s.expired", h.prefix);
+    for (int i = 0; i < 50 && h_queue_depth(conn, expired) < N; i++) {
+        usleep(100000);
+    }
+    assert_int_equal(h_queue_depth(conn, expired), N);
+    h_amqp_close(conn);
+    sleep_until(h_sql_int(&h, "SELECT max(deadline_ms) FROM orders") + 3 * SEC);
+
+    /* One delivery per batch: the backlog takes many sweeps to drain. */
+    pid_t consumer =
+        h_spawn_consumer(&h, "consumer.log",
+                         (const char *const[]){"--prefetch", "1", "--sweep-every", "1s",
+                                               "--grace", "1s", NULL});
+    assert_int_equal(h_wait_sql(&h, N + LOST, h_ms(60000),
+                                "SELECT count(*) FROM orders WHERE status='cancelled'"),
+                     N + LOST);
+    size_t swept = h_count_lines(&h, "consumer.log", "event=sweep_cancel ");
+    size_t swept_lost =
+        h_count_lines(&h, "consumer.log", "event=sweep_cancel order_id=lost-");
+    size_t expired_cancels = h_count_lines(&h, "consumer.log", " decision=cancelled");
+    fprintf(stderr,
+            "backlog %d, lost %d: swept %zu (lost ones %zu), cancelled on delivery %zu, "
+            "sweep_behind_backlog lines %zu\n",
+            N, LOST, swept, swept_lost, expired_cancels,
+            h_count_lines(&h, "consumer.log", "event=sweep_behind_backlog"));
+    assert_int_equal(swept_lost, LOST);
+    assert_int_equal(swept, LOST);
+    assert_int_equal(expired_cancels, N);
+    assert_true(h_count_lines(&h, "consumer.log", "event=sweep_behind_backlog") >= 1);
+    /* Drained, the consumer idles and says so at the next sweep. */
+    assert_int_equal(
+        h_wait_lines(&h, "consumer.log", "event=sweep_caught_up", 1, h_ms(10000)), 1);
+    assert_int_equal(h_stop(consumer, SIGTERM, h_ms(10000)), 0);
+    /* Each order cancelled once: one outbox event each. */
+    assert_int_equal(h_sql_int(&h, "SELECT count(*) FROM events"), N + LOST);
+    assert_int_equal(h_sql_int(&h, "SELECT count(DISTINCT order_id) FROM events"),
+                     N + LOST);
+    h_teardown(&h);
+}
 /* No broker: the re-publishing fails with one clear line and exit 1, the store-side
  * cancelling still happens. */
 static void test_sweep_without_broker(void **state) {
@@ -499,6 +572,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_unpublished_order_is_published_and_cancelled_on_time),
         cmocka_unit_test(test_purged_orders_are_cancelled_after_the_grace_period),
+        cmocka_unit_test(test_consumer_backlog_is_not_swept_as_lost),
         cmocka_unit_test(test_sweep_without_broker),
         cmocka_unit_test(test_pending_and_reconcile),
     };
