@@ -98,6 +98,28 @@ static bool is_settled(const delivery_t *d) {
     return !needs_forward(d) || (d->fwd_tag != 0 && d->fwd_rc == LAPSE_OK);
 }
 
+/* A forward is counted once it is confirmed: one that fails goes back to the queue and
+ * is decided (and counted) again when it returns. */
+static void count_forward(lapse_consumer_t *c, const delivery_t *d) {
+    switch (d->verdict.action) {
+        case LAPSE__ACT_PARK:
+            c->stats.parked++;
+            lapse__metrics_decision(c->metrics, LAPSE__DEC_PARKED);
+            break;
+        case LAPSE__ACT_EARLY:
+            c->stats.early++;
+            lapse__metrics_decision(c->metrics, LAPSE__DEC_EARLY);
+            break;
+        case LAPSE__ACT_RETRY:
+            c->stats.retried++;
+            lapse__metrics_decision(c->metrics, LAPSE__DEC_RETRY);
+            break;
+        case LAPSE__ACT_CANCELLED:
+        case LAPSE__ACT_NOOP:
+            break;
+    }
+}
+
 /* Some forward of the batch failed (a missing parked queue or delay exchange returns,
  * nacks or closes the channel): redelivering the whole batch would fail the same way
  * forever and hold up the queue behind it. Instead every delivery that is settled (its
@@ -135,6 +157,7 @@ static lapse_status_t forward_failed(lapse_consumer_t *c, lapse_status_t rc,
             if (arc != LAPSE_OK) {
                 return arc;
             }
+            count_forward(c, d);
         }
     }
     /* Not at once: back at the head of the queue, they would come straight back. */
@@ -179,8 +202,6 @@ lapse_status_t lapse__consumer_forward(lapse_consumer_t *c, lapse_error_t *err) 
                            "event=decision order_id=%s decision=parked reason=\"%s\"",
                            d->msg.order_id[0] ? d->msg.order_id : "-", logged);
                 rc = park(c, d, err);
-                c->stats.parked++;
-                lapse__metrics_decision(c->metrics, LAPSE__DEC_PARKED);
                 forwarded++;
                 break;
             case LAPSE__ACT_EARLY:
@@ -192,8 +213,6 @@ lapse_status_t lapse__consumer_forward(lapse_consumer_t *c, lapse_error_t *err) 
                            "reason=%s ladder_s=%lld",
                            d->msg.order_id, (long long)v->delay_ms,
                            lapse__why_name(v->why), (long long)route.seconds);
-                c->stats.early++;
-                lapse__metrics_decision(c->metrics, LAPSE__DEC_EARLY);
                 forwarded++;
                 break;
             case LAPSE__ACT_RETRY:
@@ -207,8 +226,6 @@ lapse_status_t lapse__consumer_forward(lapse_consumer_t *c, lapse_error_t *err) 
                            "delay_ms=%lld reason=\"%s\"",
                            d->msg.order_id, v->attempts, c->cfg->max_attempts,
                            (long long)v->delay_ms, logged);
-                c->stats.retried++;
-                lapse__metrics_decision(c->metrics, LAPSE__DEC_RETRY);
                 forwarded++;
                 break;
             case LAPSE__ACT_CANCELLED:
@@ -227,6 +244,9 @@ lapse_status_t lapse__consumer_forward(lapse_consumer_t *c, lapse_error_t *err) 
         all_ok = is_settled(&c->batch[i]);
     }
     if (all_ok) {
+        for (size_t i = 0; i < c->n; i++) {
+            count_forward(c, &c->batch[i]);
+        }
         c->out_failure = LAPSE_OK;
         c->fwd_attempt = 0;
         return LAPSE_OK;
