@@ -139,11 +139,6 @@ static lapse_status_t collect(lapse_consumer_t *c, lapse_error_t *err) {
         if (rc != LAPSE_OK) {
             return rc;
         }
-        /* Nothing unacked and nothing came for a batch window: the queue is empty (a
-         * shorter wait, or one cut short by a heartbeat, proves nothing). */
-        if (!got && c->n == 0 && lapse__mono_ms() - now >= CONSUMER_BATCH_WINDOW_MS) {
-            lapse__consumer_drained(c);
-        }
         if (!got) {
             if (c->n == 0 || lapse__mono_ms() - started >= CONSUMER_BATCH_WINDOW_MS) {
                 break;
@@ -161,10 +156,6 @@ static lapse_status_t collect(lapse_consumer_t *c, lapse_error_t *err) {
                           .body_len = in.body_len,
                           .death_ms = lapse__hdr_death_time_ms(in.props),
                           .attempts = lapse__hdr_attempts(in.props)};
-        /* The queue is FIFO: whatever died before this one was delivered before it. */
-        if (d->death_ms > c->delivered_until) {
-            c->delivered_until = d->death_ms;
-        }
         d->received_mono = lapse__mono_ms();
         if (c->n++ == 0) {
             started = d->received_mono;
@@ -344,6 +335,8 @@ static void decide(lapse_consumer_t *c, int64_t now, size_t n_items) {
                 c->stats.cancelled++;
                 lapse__metrics_cancelled(c->metrics,
                                          lapse__time_add(it->now_ms, -it->deadline_ms));
+                lapse__consumer_arrived(c, lapse__time_add(it->now_ms, -it->deadline_ms),
+                                        d->attempts);
                 if (lapse__log_wants(c->cfg, LAPSE_LOG_INFO)) {
                     int64_t lag = lapse__time_add(it->now_ms, -it->deadline_ms);
                     lapse__log_text(c->cfg, LAPSE_LOG_INFO,

@@ -37,38 +37,46 @@ static void log_skipped(lapse_consumer_t *c, const char *why) {
     }
 }
 
-void lapse__consumer_drained(lapse_consumer_t *c) {
-    const char *why = NULL;
-    int64_t now = lapse__consumer_sweep_now(c, true, &why);
-    if (now == LAPSE__NOTHING_DUE) {
-        now = lapse_clock_now_ms(); /* no broker bound: the wall clock, as the sweep */
-    }
-    if (now > c->delivered_until) {
-        c->delivered_until = now;
+/* Over this, a message says nothing of the queues' backlog (a replay by hand of an old
+ * message, a forged deadline). */
+#define LAG_BELIEVED_MS (INT64_C(7) * 86400 * 1000)
+
+void lapse__consumer_arrived(lapse_consumer_t *c, int64_t lag_ms, int attempts) {
+    if (attempts == 0 && lag_ms > c->lag_now && lag_ms <= LAG_BELIEVED_MS) {
+        c->lag_now = lag_ms;
     }
 }
 
-/* The bound for direct cancels while consuming: how far the expired queue is drained.
- * Logged when a backlog older than the grace starts and stops holding them back. */
-static int64_t delivered_until(lapse_consumer_t *c, int64_t now) {
-    /* Nothing delivered and no empty wait yet (just connected): nothing is known
-     * lost. 1 ms after the epoch bounds every deadline out. */
-    int64_t until = c->delivered_until > 0 ? c->delivered_until : 1;
-    bool behind = now != LAPSE__NOTHING_DUE && c->delivered_until > 0 &&
-                  now - until > c->cfg->sweep_grace_ms;
+/* How late messages arrive now: the larger of this period's lag and the last one's, so
+ * that a new period starts knowing the backlog. Logged when it passes the grace (the
+ * direct cancels are held back from a backlog the grace alone would call lost) and when
+ * it falls below it again. */
+static int64_t arrival_lag(lapse_consumer_t *c, int64_t mono) {
+    int64_t period = c->cfg->sweep_every_ms > 1000 ? c->cfg->sweep_every_ms : 1000;
+    if (c->lag_since == 0) {
+        c->lag_since = mono;
+    } else if (mono - c->lag_since >= period) {
+        c->lag_prev = c->lag_now;
+        c->lag_now = 0;
+        c->lag_since = mono;
+    }
+    int64_t lag = c->lag_now > c->lag_prev ? c->lag_now : c->lag_prev;
+    bool behind = lag > c->cfg->sweep_grace_ms;
     if (behind != c->sweep_behind) {
         c->sweep_behind = behind;
         if (behind) {
-            lapse__log(c->cfg, LAPSE_LOG_WARN,
-                       "event=sweep_behind_backlog behind_ms=%lld note=\"the expired "
-                       "queue holds messages older than the grace; direct cancels wait "
-                       "for the consumer to reach them\"",
-                       (long long)(now - until));
+            lapse__log(
+                c->cfg, LAPSE_LOG_WARN,
+                "event=sweep_behind_backlog lag_ms=%lld grace_ms=%lld note=\"expiry "
+                "messages arrive later than the grace; direct cancels wait that "
+                "much longer, so a backlog is cancelled as expiries, not as lost\"",
+                (long long)lag, (long long)c->cfg->sweep_grace_ms);
         } else {
-            lapse__log(c->cfg, LAPSE_LOG_INFO, "event=sweep_caught_up");
+            lapse__log(c->cfg, LAPSE_LOG_INFO, "event=sweep_caught_up lag_ms=%lld",
+                       (long long)lag);
         }
     }
-    return until;
+    return lag;
 }
 
 void lapse__consumer_sweep(lapse_consumer_t *c, bool broker_up) {
@@ -100,11 +108,8 @@ void lapse__consumer_sweep(lapse_consumer_t *c, bool broker_up) {
         opts.cancel = opts.now_ms != LAPSE__NOTHING_DUE;
     }
     log_skipped(c, why);
-    if (broker_up) {
-        /* While the broker is down nothing can be delivered: the grace alone decides. */
-        opts.delivered_until_ms =
-            delivered_until(c, opts.now_ms != 0 ? opts.now_ms : lapse_clock_now_ms());
-    }
+    /* While the broker is down nothing arrives: the grace alone decides. */
+    opts.lag_ms = broker_up ? arrival_lag(c, mono) : 0;
     budget_t budget = {.stop = c->stop,
                        .until = lapse__time_add(mono, CONSUMER_SWEEP_BUDGET_MS)};
     opts.progress = over_budget;

@@ -498,10 +498,10 @@ static lapse_status_t start(sweep_t **out, const char *event, const lapse_config
     const int64_t century = INT64_C(100) * 366 * 86400 * 1000;
     if (opts->grace_ms < 0 || opts->grace_ms > century || opts->in_flight_ms < 0 ||
         opts->in_flight_ms > century || opts->retention_ms < 0 ||
-        opts->retention_ms > century) {
+        opts->retention_ms > century || opts->lag_ms < 0 || opts->lag_ms > century) {
         return lapse_error_set(
             err, LAPSE_ERR_INVALID,
-            "sweep: grace, in-flight margin and retention must be 0..100 "
+            "sweep: grace, in-flight margin, retention and lag must be 0..100 "
             "years");
     }
     sweep_t *s = calloc(1, sizeof(*s));
@@ -566,12 +566,10 @@ lapse_status_t lapse_sweep_run(const lapse_config_t *cfg, lapse_store_t *store,
      * clock the direct cancels use the caller's decision clock when it gives one. */
     int64_t cancel_now =
         opts->now_ms != 0 && !lapse_store_has_clock(store) ? opts->now_ms : now;
-    /* A message still waiting in the expired queue is late, not lost: its consumer
-     * cancels it when it gets there. */
-    if (opts->delivered_until_ms > 0 && opts->delivered_until_ms < cancel_now) {
-        cancel_now = opts->delivered_until_ms;
-    }
-    s->cancel_due_before = lapse__time_add(cancel_now, 1 - opts->grace_ms);
+    /* A message that arrives opts->lag_ms late is late, not lost: its consumer cancels
+     * it when it gets there. */
+    s->cancel_due_before =
+        lapse__time_add(lapse__time_add(cancel_now, 1 - opts->grace_ms), -opts->lag_ms);
     /* The store-only part first: it needs no broker, and what it cancels need not be
      * published again. */
     if (opts->cancel) {

@@ -56,11 +56,12 @@ typedef struct lapse_sweep_opts {
                                          retries, so a caller's stop or time budget is
                                          seen within one store wait */
     void *progress_opaque;
-    int64_t delivered_until_ms; /* > 0: every expiry message due before this time (ms
-                             since the epoch) is known delivered, and a direct cancel
-                             also needs deadline + grace <= this. A consumer passes
-                             how far it has drained its expired queue, so that its own
-                             backlog is not cancelled as lost. 0 (default): no bound */
+    int64_t lag_ms; /* how late expiry messages arrive now (>= 0): a direct
+                       cancel waits deadline + grace + lag_ms, so that a backlog
+                       (a holding queue the broker is slow to dead-letter, or an
+                       expired queue behind its consumers) is cancelled by its
+                       messages, not as lost. A consumer passes the lag it sees;
+                       0 (default): none */
 } lapse_sweep_opts_t;
 
 /** Set the defaults above. */
