@@ -5,6 +5,9 @@
 #include "log_sink.h"
 
 #include <stdlib.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 
 static const cli_cmd_fn commands[CLI_CMD_COUNT_] = {
     [CLI_CMD_PUBLISH] = cmd_publish,
@@ -23,7 +26,23 @@ static const cli_cmd_fn commands[CLI_CMD_COUNT_] = {
     [CLI_CMD_HEALTH] = cmd_health,
 };
 
+/* glibc serves a request of 128 KiB or more with mmap, but raises that threshold to the
+ * size of the first such block freed; from then on rabbitmq-c's 128 KiB buffers (socket
+ * input, output, decoding pool pages: frame_max each) come from the heap and what was
+ * touched there stays resident. A fixed threshold below them keeps them mapped and
+ * returned whole when freed, and a low trim threshold gives back the heap's freed top:
+ * 0.4-0.5 MB less peak RSS for a draining consumer, 0.1-0.2 MB for the publisher, no
+ * CPU measured (issue 14, 100k orders, two runs each). Set by the program, not the
+ * library: malloc's settings belong to the process. */
+static void tune_malloc(void) {
+#ifdef __GLIBC__
+    mallopt(M_MMAP_THRESHOLD, 64 * 1024);
+    mallopt(M_TRIM_THRESHOLD, 128 * 1024);
+#endif
+}
+
 int main(int argc, char **argv) {
+    tune_malloc();
     cli_buffer_stdout();
     lapse_config_t *cfg = lapse_config_new();
     if (!cfg) {
