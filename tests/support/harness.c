@@ -50,7 +50,64 @@ int h_ms(int ms) {
     return ms * (mult > 0 ? mult : 1);
 }
 
+/* ---- the lapse processes a test started ---------------------------------------------
+ * A failing assertion jumps past the test's own h_stop calls and its teardown: the
+ * processes it started would run on (a consumer for the rest of the ctest run, taking
+ * CPU from every later test). Every spawned pid is kept until it is reaped by h_stop;
+ * the next h_setup and the program's exit kill and reap what is left. Only a pid that
+ * waitpid still calls a running child of ours is killed, so a pid reaped elsewhere and
+ * reused is never touched. */
+#define LIVE_MAX 256
+static pid_t live[LIVE_MAX];
+static pthread_mutex_t live_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void live_add(pid_t pid) {
+    pthread_mutex_lock(&live_lock);
+    for (size_t i = 0; i < LIVE_MAX; i++) {
+        if (live[i] == 0) {
+            live[i] = pid;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&live_lock);
+}
+
+static void live_remove(pid_t pid) {
+    pthread_mutex_lock(&live_lock);
+    for (size_t i = 0; i < LIVE_MAX; i++) {
+        if (live[i] == pid) {
+            live[i] = 0;
+        }
+    }
+    pthread_mutex_unlock(&live_lock);
+}
+
+static void live_kill_all(void) {
+    size_t killed = 0;
+    pthread_mutex_lock(&live_lock);
+    for (size_t i = 0; i < LIVE_MAX; i++) {
+        pid_t pid = live[i];
+        live[i] = 0;
+        if (pid > 0 && waitpid(pid, NULL, WNOHANG) == 0) {
+            kill(pid, SIGKILL);
+            waitpid(pid, NULL, 0);
+            killed++;
+        }
+    }
+    pthread_mutex_unlock(&live_lock);
+    if (killed > 0) {
+        fprintf(stderr,
+                "harness: killed %zu lapse process(es) an earlier test left running\n",
+                killed);
+    }
+}
+
 void h_setup(h_ctx_t *h, const char *name, const char *classes, bool declare) {
+    static bool at_exit;
+    if (!at_exit) {
+        at_exit = atexit(live_kill_all) == 0;
+    }
+    live_kill_all();
     memset(h, 0, sizeof *h);
     const char *url = getenv("LAPSE_TEST_AMQP_URL");
     h->bin = getenv("LAPSE_BIN");
@@ -230,6 +287,7 @@ static pid_t spawn_env(h_ctx_t *h, bool globals, const char *const *args, size_t
     if (rc != 0) {
         die("spawn %s: %s", h->bin, strerror(rc));
     }
+    live_add(pid);
     return pid;
 }
 
@@ -389,7 +447,11 @@ bool h_faketime_available(void) {
 
 bool h_alive(pid_t pid) {
     int status;
-    return waitpid(pid, &status, WNOHANG) == 0;
+    pid_t r = waitpid(pid, &status, WNOHANG);
+    if (r == pid) {
+        live_remove(pid);
+    }
+    return r == 0;
 }
 
 int h_stop(pid_t pid, int sig, int timeout_ms) {
@@ -401,11 +463,13 @@ int h_stop(pid_t pid, int sig, int timeout_ms) {
     for (;;) {
         pid_t r = waitpid(pid, &status, WNOHANG);
         if (r == pid) {
+            live_remove(pid);
             break;
         }
         if (now_ms() > until) {
             kill(pid, SIGKILL);
             waitpid(pid, &status, 0);
+            live_remove(pid);
             return -1;
         }
         usleep(10000);
