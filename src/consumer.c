@@ -346,6 +346,12 @@ static void decide(lapse_consumer_t *c, int64_t now, size_t n_items) {
                 break;
             case LAPSE__ACT_NOOP:
                 c->stats.noops++;
+                /* A paid or cancelled order's message is as late as a pending one's:
+                 * a backlog of no-ops also holds the sweep back. */
+                if (!d->undated && it->deadline_ms != 0) {
+                    lapse__consumer_arrived(
+                        c, lapse__time_add(f.now_ms, -it->deadline_ms), d->attempts);
+                }
                 lapse__metrics_decision(c->metrics, it->outcome == LAPSE_CANCEL_NOOP_PAID
                                                         ? LAPSE__DEC_NOOP_PAID
                                                         : LAPSE__DEC_NOOP_CANCELLED);

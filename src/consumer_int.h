@@ -154,10 +154,11 @@ struct lapse_consumer {
     int64_t prune_at;      /* mono: the next sweep that also prunes (0: not set yet) */
     const char *sweep_skipped; /* why direct cancels were last skipped, to log changes */
     /* How late expiry messages arrive: the largest lag (decision time - deadline) of a
-     * cancel on arrival in this period of sweep_every (lag_now, since lag_since, mono)
-     * and in the one before (lag_prev). The sweep waits that much longer than the grace
-     * before it calls a message lost: a backlog, in a holding queue the broker is slow
-     * to dead-letter or in the expired queue, is late, not lost. */
+     * first delivery of a known order (cancelled or no-op) in this period of sweep_every
+     * (lag_now, since lag_since, mono) and in the one before (lag_prev). The sweep waits
+     * that much longer than the grace before it calls a message lost: a backlog, in a
+     * holding queue the broker is slow to dead-letter or in the expired queue, is late,
+     * not lost. */
     int64_t lag_now, lag_prev, lag_since;
     bool sweep_behind;    /* the lag was last over the grace (logged on change) */
     lapse__clock_t clock; /* the broker-clock floor (decision.c) */
@@ -198,8 +199,9 @@ void lapse__consumer_probe_clock(lapse_consumer_t *c);
  *  when none may run. broker_up: a session is open (a probe or deliveries can give a
  *  floor). See docs/design.md, "The clock rule". */
 int64_t lapse__consumer_sweep_now(lapse_consumer_t *c, bool broker_up, const char **why);
-/** An order cancelled on arrival of its message, lag_ms after its deadline; attempts:
- *  the message's, whose retries are late for reasons of their own (not counted). */
+/** A dated message for a known order (cancelled on arrival, or a no-op: paid or already
+ *  cancelled) was decided lag_ms after the order's deadline; attempts: the message's,
+ *  whose retries are late for reasons of their own (not counted). */
 void lapse__consumer_arrived(lapse_consumer_t *c, int64_t lag_ms, int attempts);
 
 /** Make text one log token: quotes and line breaks become apostrophes. */

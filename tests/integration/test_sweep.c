@@ -312,16 +312,23 @@ static void test_purged_orders_are_cancelled_after_the_grace_period(void **state
  * messages are truly gone (recorded, never published, due long before the backlog),
  * and leaves the backlog to the consumer, which cancels each of its orders once, as an
  * expiry. Before, the first sweep cancelled the whole backlog as "message_lost". */
-static void test_consumer_backlog_is_not_swept_as_lost(void **state) {
-    (void)state;
-    enum { N = 300, LOST = 5 };
+/* A backlog of expiry messages that stands three graces past its deadlines: first
+ * n_paid of orders paid meanwhile (no-ops), then n_pending of pending orders; plus LOST
+ * orders recorded as scheduled 30 s overdue whose messages never existed. A consumer
+ * taking one delivery per batch with a 1 s sweep and a 1 s grace must sweep the lost
+ * ones only and cancel every pending one on delivery: the lag its messages arrive with
+ * (no-ops included) holds its sweep back. */
+static void run_backlog(const char *name, int n_paid, int n_pending) {
+    enum { LOST = 5 };
+    int n = n_paid + n_pending;
     h_ctx_t h;
-    h_setup(&h, "sweep-backlog", "1s", true);
+    h_setup(&h, name, "1s", true);
     tap_events(&h);
     FILE *f = fopen(h_path(&h, "batch.jsonl"), "w");
     assert_non_null(f);
-    for (int i = 0; i < N; i++) {
-        fprintf(f, "{\"order_id\":\"ord-%d\",\"timeout\":\"1s\"}\n", i);
+    for (int i = 0; i < n; i++) {
+        fprintf(f, "{\"order_id\":\"%s-%d\",\"timeout\":\"1s\"}\n",
+                i < n_paid ? "paid" : "ord", i);
     }
     fclose(f);
     assert_int_equal(
@@ -338,15 +345,20 @@ static void test_consumer_backlog_is_not_swept_as_lost(void **state) {
     lapse_store_close(store);
     /* The backlog: every message dead-lettered into the expired queue, then left there
      * three times the grace. */
-    assert_int_equal(wait_messages(&h, N), N);
+    assert_int_equal(wait_messages(&h, n), n);
     amqp_connection_state_t conn = h_amqp_open(&h);
     char expired[160];
     snprintf(expired, sizeof expired, "%s.expired", h.prefix);
-    for (int i = 0; i < 50 && h_queue_depth(conn, expired) < N; i++) {
+    for (int i = 0; i < 50 && h_queue_depth(conn, expired) < n; i++) {
         usleep(100000);
     }
-    assert_int_equal(h_queue_depth(conn, expired), N);
+    assert_int_equal(h_queue_depth(conn, expired), n);
     h_amqp_close(conn);
+    /* Paid in time, by the store's record; their messages are already queued. */
+    h_sql_exec(&h, "UPDATE orders SET status='paid', paid_at_ms=deadline_ms-500"
+                   " WHERE order_id LIKE 'paid-%%'");
+    assert_int_equal(h_sql_int(&h, "SELECT count(*) FROM orders WHERE status='paid'"),
+                     n_paid);
     sleep_until(h_sql_int(&h, "SELECT max(deadline_ms) FROM orders") + 3 * SEC);
 
     /* One delivery per batch: the backlog takes many sweeps to drain. */
@@ -354,32 +366,51 @@ static void test_consumer_backlog_is_not_swept_as_lost(void **state) {
         h_spawn_consumer(&h, "consumer.log",
                          (const char *const[]){"--prefetch", "1", "--sweep-every", "1s",
                                                "--grace", "1s", NULL});
-    assert_int_equal(h_wait_sql(&h, N + LOST, h_ms(60000),
+    assert_int_equal(h_wait_sql(&h, n_pending + LOST, h_ms(60000),
                                 "SELECT count(*) FROM orders WHERE status='cancelled'"),
-                     N + LOST);
+                     n_pending + LOST);
+    /* Every message decided: the paid ones as no-ops. */
+    assert_int_equal(h_wait_lines(&h, "consumer.log", " decision=noop_paid",
+                                  (size_t)n_paid, h_ms(30000)),
+                     (size_t)n_paid);
     size_t swept = h_count_lines(&h, "consumer.log", "event=sweep_cancel ");
     size_t swept_lost =
         h_count_lines(&h, "consumer.log", "event=sweep_cancel order_id=lost-");
     size_t expired_cancels = h_count_lines(&h, "consumer.log", " decision=cancelled");
     fprintf(stderr,
-            "backlog %d, lost %d: swept %zu (lost ones %zu), cancelled on delivery %zu, "
-            "sweep_behind_backlog lines %zu\n",
-            N, LOST, swept, swept_lost, expired_cancels,
+            "backlog %d paid + %d pending, lost %d: swept %zu (lost ones %zu), cancelled "
+            "on delivery %zu, sweep_behind_backlog lines %zu\n",
+            n_paid, n_pending, LOST, swept, swept_lost, expired_cancels,
             h_count_lines(&h, "consumer.log", "event=sweep_behind_backlog"));
     assert_int_equal(swept_lost, LOST);
     assert_int_equal(swept, LOST);
-    assert_int_equal(expired_cancels, N);
+    assert_int_equal(expired_cancels, n_pending);
     assert_true(h_count_lines(&h, "consumer.log", "event=sweep_behind_backlog") >= 1);
     /* Drained, the consumer idles and says so at the next sweep. */
     assert_int_equal(
         h_wait_lines(&h, "consumer.log", "event=sweep_caught_up", 1, h_ms(10000)), 1);
     assert_int_equal(h_stop(consumer, SIGTERM, h_ms(10000)), 0);
-    /* Each order cancelled once: one outbox event each. */
-    assert_int_equal(h_sql_int(&h, "SELECT count(*) FROM events"), N + LOST);
+    /* Each order cancelled once: one outbox event each; the paid ones stayed paid. */
+    assert_int_equal(h_sql_int(&h, "SELECT count(*) FROM events"), n_pending + LOST);
     assert_int_equal(h_sql_int(&h, "SELECT count(DISTINCT order_id) FROM events"),
-                     N + LOST);
+                     n_pending + LOST);
+    assert_int_equal(h_sql_int(&h, "SELECT count(*) FROM orders WHERE status='paid'"),
+                     n_paid);
     h_teardown(&h);
 }
+
+static void test_consumer_backlog_is_not_swept_as_lost(void **state) {
+    (void)state;
+    run_backlog("sweep-backlog", 0, 300);
+}
+
+/* The backlog's head is all no-ops: they alone must tell the sweep how late messages
+ * arrive, or the pending orders behind them are swept as lost. */
+static void test_consumer_noop_backlog_holds_the_sweep(void **state) {
+    (void)state;
+    run_backlog("sweep-noops", 300, 50);
+}
+
 /* No broker: the re-publishing fails with one clear line and exit 1, the store-side
  * cancelling still happens. */
 static void test_sweep_without_broker(void **state) {
@@ -573,6 +604,7 @@ int main(void) {
         cmocka_unit_test(test_unpublished_order_is_published_and_cancelled_on_time),
         cmocka_unit_test(test_purged_orders_are_cancelled_after_the_grace_period),
         cmocka_unit_test(test_consumer_backlog_is_not_swept_as_lost),
+        cmocka_unit_test(test_consumer_noop_backlog_holds_the_sweep),
         cmocka_unit_test(test_sweep_without_broker),
         cmocka_unit_test(test_pending_and_reconcile),
     };
