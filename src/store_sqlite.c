@@ -10,8 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <sqlite3.h>
-
+#include "sqlite_api_int.h"
 #include "store_int.h"
 
 #include "store_sqlite_sql.h"
@@ -49,10 +48,11 @@ static lapse_status_t status_of(int src) {
 }
 
 /* Records why src failed, under code. Must run before the statement is reset or a
- * ROLLBACK runs, both of which replace sqlite3_errmsg(). */
+ * ROLLBACK runs, both of which replace lapse__sq.sqlite3_errmsg(). */
 static lapse_status_t fail_as(sqlite_store_t *s, lapse_status_t code, int src,
                               const char *what, lapse_error_t *err) {
-    const char *msg = s->db != NULL ? sqlite3_errmsg(s->db) : sqlite3_errstr(src);
+    const char *msg =
+        s->db != NULL ? lapse__sq.sqlite3_errmsg(s->db) : lapse__sq.sqlite3_errstr(src);
     return lapse_error_set(err, code, "%s: %s", what, msg);
 }
 
@@ -67,10 +67,10 @@ static int bind_va(sqlite3_stmt *st, const char *types, va_list ap) {
     int src = SQLITE_OK;
     for (int i = 0; src == SQLITE_OK && types[i] != '\0'; i++) {
         if (types[i] == 't') {
-            src =
-                sqlite3_bind_text(st, i + 1, va_arg(ap, const char *), -1, SQLITE_STATIC);
+            src = lapse__sq.sqlite3_bind_text(st, i + 1, va_arg(ap, const char *), -1,
+                                              SQLITE_STATIC);
         } else {
-            src = sqlite3_bind_int64(st, i + 1, va_arg(ap, int64_t));
+            src = lapse__sq.sqlite3_bind_int64(st, i + 1, va_arg(ap, int64_t));
         }
     }
     return src;
@@ -87,8 +87,8 @@ static int bind(sqlite3_stmt *st, const char *types, ...) {
 /* Every use of a statement ends here, so none stays active (holding a read snapshot)
  * and no binding outlives the strings it points to. */
 static void release(sqlite3_stmt *st) {
-    sqlite3_reset(st);
-    sqlite3_clear_bindings(st);
+    lapse__sq.sqlite3_reset(st);
+    lapse__sq.sqlite3_clear_bindings(st);
 }
 
 /* Runs a statement that returns no rows; *changes (optional) gets the rows changed. */
@@ -100,13 +100,13 @@ static lapse_status_t run(sqlite_store_t *s, stmt_id_t id, int *changes,
     int src = bind_va(st, types, ap);
     va_end(ap);
     if (src == SQLITE_OK) {
-        src = sqlite3_step(st);
+        src = lapse__sq.sqlite3_step(st);
     }
     lapse_status_t rc = LAPSE_OK;
     if (src != SQLITE_DONE) {
         rc = fail(s, src == SQLITE_ROW ? SQLITE_MISUSE : src, STMT_NAME[id], err);
     } else if (changes != NULL) {
-        *changes = sqlite3_changes(s->db);
+        *changes = lapse__sq.sqlite3_changes(s->db);
     }
     release(st);
     return rc;
@@ -114,7 +114,7 @@ static lapse_status_t run(sqlite_store_t *s, stmt_id_t id, int *changes,
 
 static void rollback(sqlite_store_t *s) {
     /* Some errors (SQLITE_FULL, SQLITE_IOERR, ...) have rolled back by themselves. */
-    if (!sqlite3_get_autocommit(s->db)) {
+    if (!lapse__sq.sqlite3_get_autocommit(s->db)) {
         run(s, ST_ROLLBACK, NULL, NULL, "");
     }
 }
@@ -130,8 +130,9 @@ static lapse_status_t end(sqlite_store_t *s, lapse_status_t rc, lapse_error_t *e
 }
 
 static int64_t column_time(sqlite3_stmt *st, int col) {
-    return sqlite3_column_type(st, col) == SQLITE_NULL ? -1
-                                                       : sqlite3_column_int64(st, col);
+    return lapse__sq.sqlite3_column_type(st, col) == SQLITE_NULL
+               ? -1
+               : lapse__sq.sqlite3_column_int64(st, col);
 }
 
 /* Reads the order row (not its holds) into out; *found tells whether it exists. */
@@ -140,21 +141,21 @@ static lapse_status_t read_order(sqlite_store_t *s, const char *order_id,
     sqlite3_stmt *st = s->stmt[ST_ORDER_READ];
     int src = bind(st, "t", order_id);
     if (src == SQLITE_OK) {
-        src = sqlite3_step(st);
+        src = lapse__sq.sqlite3_step(st);
     }
     lapse_status_t rc = LAPSE_OK;
     *found = src == SQLITE_ROW;
     if (src == SQLITE_ROW) {
-        const char *status = (const char *)sqlite3_column_text(st, 0);
+        const char *status = (const char *)lapse__sq.sqlite3_column_text(st, 0);
         if (lapse__order_status_parse(status, &out->status) != LAPSE_OK) {
             rc = lapse_error_set(err, LAPSE_ERR_STORE_SQL, "order %s: unknown status",
                                  order_id);
         }
-        out->deadline_ms = sqlite3_column_int64(st, 1);
-        out->created_at_ms = sqlite3_column_int64(st, 2);
+        out->deadline_ms = lapse__sq.sqlite3_column_int64(st, 1);
+        out->created_at_ms = lapse__sq.sqlite3_column_int64(st, 2);
         out->paid_at_ms = column_time(st, 3);
         out->cancelled_at_ms = column_time(st, 4);
-        out->scheduled = sqlite3_column_int(st, 5) != 0;
+        out->scheduled = lapse__sq.sqlite3_column_int(st, 5) != 0;
     } else if (src != SQLITE_DONE) {
         rc = fail(s, src, STMT_NAME[ST_ORDER_READ], err);
     }
@@ -170,7 +171,7 @@ static lapse_status_t read_holds(sqlite_store_t *s, const char *order_id,
     size_t cap = 0;
     lapse_status_t rc = LAPSE_OK;
     int src = bind(st, "t", order_id);
-    while (src == SQLITE_OK && (src = sqlite3_step(st)) == SQLITE_ROW) {
+    while (src == SQLITE_OK && (src = lapse__sq.sqlite3_step(st)) == SQLITE_ROW) {
         src = SQLITE_OK;
         if (out->n_holds == cap) {
             cap = cap == 0 ? 4 : cap * 2;
@@ -181,7 +182,7 @@ static lapse_status_t read_holds(sqlite_store_t *s, const char *order_id,
             }
             out->holds = grown;
         }
-        const char *name = (const char *)sqlite3_column_text(st, 0);
+        const char *name = (const char *)lapse__sq.sqlite3_column_text(st, 0);
         if (name == NULL || (out->holds[out->n_holds] = strdup(name)) == NULL) {
             rc = lapse_error_set(err, LAPSE_ERR_NOMEM, "reading holds");
             break;
@@ -344,7 +345,7 @@ static lapse_status_t each_row(sqlite_store_t *s, stmt_id_t id, row_fn row, void
     int src = bind_va(st, types, ap);
     va_end(ap);
     lapse_status_t rc = LAPSE_OK;
-    while (src == SQLITE_OK && (src = sqlite3_step(st)) == SQLITE_ROW) {
+    while (src == SQLITE_OK && (src = lapse__sq.sqlite3_step(st)) == SQLITE_ROW) {
         src = SQLITE_OK;
         if ((rc = row(ctx, st, err)) != LAPSE_OK) {
             break;
@@ -441,7 +442,7 @@ static size_t ids_json(cancel_batch_t *c, bool done) {
 
 static lapse_status_t row_id(const cancel_batch_t *c, sqlite3_stmt *st, size_t *ref,
                              lapse_error_t *err) {
-    const char *id = (const char *)sqlite3_column_text(st, 0);
+    const char *id = (const char *)lapse__sq.sqlite3_column_text(st, 0);
     *ref = id != NULL ? find_ref(c, id) : c->n_refs;
     return *ref < c->n_refs ? LAPSE_OK
                             : lapse_error_set(err, LAPSE_ERR_STORE_SQL,
@@ -459,7 +460,7 @@ static lapse_status_t on_cancelled(void *ctx, sqlite3_stmt *st, lapse_error_t *e
          k++) {
         lapse_cancel_item_t *item = &c->items[c->refs[k].item];
         item->outcome = k == r ? LAPSE_CANCEL_DONE : LAPSE_CANCEL_NOOP_CANCELLED;
-        item->deadline_ms = sqlite3_column_int64(st, 1);
+        item->deadline_ms = lapse__sq.sqlite3_column_int64(st, 1);
     }
     c->n_done += rc == LAPSE_OK;
     return rc;
@@ -472,8 +473,8 @@ static lapse_status_t on_refused(void *ctx, sqlite3_stmt *st, lapse_error_t *err
     lapse_order_status_t status;
     lapse_status_t rc = row_id(c, st, &r, err);
     if (rc == LAPSE_OK &&
-        lapse__order_status_parse((const char *)sqlite3_column_text(st, 1), &status) !=
-            LAPSE_OK) {
+        lapse__order_status_parse((const char *)lapse__sq.sqlite3_column_text(st, 1),
+                                  &status) != LAPSE_OK) {
         rc = lapse_error_set(err, LAPSE_ERR_STORE_SQL, "order %s: unknown status",
                              c->refs[r].id);
     }
@@ -482,7 +483,7 @@ static lapse_status_t on_refused(void *ctx, sqlite3_stmt *st, lapse_error_t *err
          k++) {
         lapse_cancel_item_t *item = &c->items[c->refs[k].item];
         item->outcome = lapse__cancel_verdict(status);
-        item->deadline_ms = sqlite3_column_int64(st, 2);
+        item->deadline_ms = lapse__sq.sqlite3_column_int64(st, 2);
     }
     return rc;
 }
@@ -492,7 +493,7 @@ static lapse_status_t on_hold(void *ctx, sqlite3_stmt *st, lapse_error_t *err) {
     cancel_batch_t *c = ctx;
     size_t r;
     lapse_status_t rc = row_id(c, st, &r, err);
-    const char *name = (const char *)sqlite3_column_text(st, 1);
+    const char *name = (const char *)lapse__sq.sqlite3_column_text(st, 1);
     if (rc != LAPSE_OK) {
         return rc;
     }
@@ -507,7 +508,7 @@ static lapse_status_t on_hold(void *ctx, sqlite3_stmt *st, lapse_error_t *err) {
     }
     c->holds[c->n_holds++] = (hold_ref_t){.item = c->refs[r].item, .off = c->names.n};
     text_put(&c->names, name != NULL ? name : "",
-             (size_t)sqlite3_column_bytes(st, 1) + 1);
+             (size_t)lapse__sq.sqlite3_column_bytes(st, 1) + 1);
     return c->names.failed ? lapse_error_set(err, LAPSE_ERR_NOMEM, "reading holds")
                            : LAPSE_OK;
 }
@@ -566,7 +567,7 @@ static lapse_status_t insert_event_chunk(sqlite_store_t *s, cancel_batch_t *c,
                                          lapse_error_t *err) {
     char *bodies[EVENT_CHUNK_MAX] = {0};
     lapse_status_t rc = LAPSE_OK;
-    int src = sqlite3_bind_int64(st, 1, now_ms);
+    int src = lapse__sq.sqlite3_bind_int64(st, 1, now_ms);
     for (size_t k = 0; src == SQLITE_OK && k < rows; k++) {
         lapse_cancel_item_t *item = &c->items[at[k]];
         /* An order that held nothing: its body is built again when the event is read
@@ -581,21 +582,22 @@ static lapse_status_t insert_event_chunk(sqlite_store_t *s, cancel_batch_t *c,
             }
         }
         int p = (int)(4 * k + 2);
-        src = sqlite3_bind_int64(st, p, first_seq + (int64_t)k);
+        src = lapse__sq.sqlite3_bind_int64(st, p, first_seq + (int64_t)k);
         if (src == SQLITE_OK) {
-            src = sqlite3_bind_text(st, p + 1, item->order_id, -1, SQLITE_STATIC);
+            src =
+                lapse__sq.sqlite3_bind_text(st, p + 1, item->order_id, -1, SQLITE_STATIC);
         }
         if (src == SQLITE_OK) {
-            src = sqlite3_bind_text(st, p + 2,
-                                    bodies[k] != NULL ? bodies[k] : EVENT_BODY_DERIVED,
-                                    -1, SQLITE_STATIC);
+            src = lapse__sq.sqlite3_bind_text(
+                st, p + 2, bodies[k] != NULL ? bodies[k] : EVENT_BODY_DERIVED, -1,
+                SQLITE_STATIC);
         }
         if (src == SQLITE_OK) {
-            src = sqlite3_bind_int64(st, p + 3, item->deadline_ms);
+            src = lapse__sq.sqlite3_bind_int64(st, p + 3, item->deadline_ms);
         }
     }
     if (rc == LAPSE_OK && src == SQLITE_OK) {
-        src = sqlite3_step(st);
+        src = lapse__sq.sqlite3_step(st);
     }
     if (rc == LAPSE_OK && src != SQLITE_DONE) {
         rc = fail(s, src, "EVENT_INSERT", err);
@@ -641,9 +643,9 @@ static lapse_status_t record_events(sqlite_store_t *s, cancel_batch_t *c, int64_
     int64_t next = 0;
     if (rc == LAPSE_OK && n_at > 0) {
         sqlite3_stmt *st = s->stmt[ST_EVENTS_NEXT_SEQ];
-        int src = sqlite3_step(st);
+        int src = lapse__sq.sqlite3_step(st);
         if (src == SQLITE_ROW) {
-            next = sqlite3_column_int64(st, 0);
+            next = lapse__sq.sqlite3_column_int64(st, 0);
         } else {
             rc =
                 fail(s, src == SQLITE_DONE ? SQLITE_MISUSE : src, "EVENTS_NEXT_SEQ", err);
@@ -816,11 +818,11 @@ static lapse_status_t sq_count(lapse_store_t *store, int64_t counts[3],
     lapse_status_t rc = LAPSE_OK;
     int src;
     counts[0] = counts[1] = counts[2] = 0;
-    while ((src = sqlite3_step(st)) == SQLITE_ROW) {
+    while ((src = lapse__sq.sqlite3_step(st)) == SQLITE_ROW) {
         lapse_order_status_t status;
-        const char *name = (const char *)sqlite3_column_text(st, 0);
+        const char *name = (const char *)lapse__sq.sqlite3_column_text(st, 0);
         if (lapse__order_status_parse(name, &status) == LAPSE_OK) {
-            counts[status] = sqlite3_column_int64(st, 1);
+            counts[status] = lapse__sq.sqlite3_column_int64(st, 1);
         }
     }
     if (src != SQLITE_DONE) {
@@ -835,9 +837,9 @@ static lapse_status_t sq_events_count(lapse_store_t *store, int64_t *pending,
     sqlite_store_t *s = as_sqlite(store);
     sqlite3_stmt *st = s->stmt[ST_EVENTS_COUNT];
     lapse_status_t rc = LAPSE_OK;
-    int src = sqlite3_step(st);
+    int src = lapse__sq.sqlite3_step(st);
     if (src == SQLITE_ROW) {
-        *pending = sqlite3_column_int64(st, 0);
+        *pending = lapse__sq.sqlite3_column_int64(st, 0);
     } else {
         rc = fail(s, src, STMT_NAME[ST_EVENTS_COUNT], err);
     }
@@ -850,21 +852,21 @@ static lapse_status_t sq_events_count(lapse_store_t *store, int64_t *pending,
  * built again into *built (free()). */
 static lapse_status_t event_row_body(sqlite3_stmt *st, const char **body, size_t *len,
                                      char **built, lapse_error_t *err) {
-    *body = (const char *)sqlite3_column_text(st, 3);
-    *len = (size_t)sqlite3_column_bytes(st, 3);
+    *body = (const char *)lapse__sq.sqlite3_column_text(st, 3);
+    *len = (size_t)lapse__sq.sqlite3_column_bytes(st, 3);
     *built = NULL;
     if (*body == NULL || *len > 0) {
         return *body != NULL ? LAPSE_OK
                              : lapse_error_set(err, LAPSE_ERR_NOMEM, "reading events");
     }
-    const char *order_id = (const char *)sqlite3_column_text(st, 2);
-    if (order_id == NULL || sqlite3_column_type(st, 4) != SQLITE_INTEGER) {
+    const char *order_id = (const char *)lapse__sq.sqlite3_column_text(st, 2);
+    if (order_id == NULL || lapse__sq.sqlite3_column_type(st, 4) != SQLITE_INTEGER) {
         return lapse_error_set(err, LAPSE_ERR_STORE_SQL,
                                "event %lld: an empty body and no deadline",
-                               (long long)sqlite3_column_int64(st, 0));
+                               (long long)lapse__sq.sqlite3_column_int64(st, 0));
     }
-    *built = lapse__event_body(order_id, sqlite3_column_int64(st, 4),
-                               sqlite3_column_int64(st, 5), NULL, 0);
+    *built = lapse__event_body(order_id, lapse__sq.sqlite3_column_int64(st, 4),
+                               lapse__sq.sqlite3_column_int64(st, 5), NULL, 0);
     *body = *built;
     *len = *built != NULL ? strlen(*built) : 0;
     return *built != NULL ? LAPSE_OK
@@ -882,20 +884,21 @@ static lapse_status_t collect_events(sqlite_store_t *s, stmt_id_t id, size_t lim
     va_start(ap, types);
     int src = bind_va(st, types, ap);
     va_end(ap);
-    while (src == SQLITE_OK && out->n < limit && (src = sqlite3_step(st)) == SQLITE_ROW) {
+    while (src == SQLITE_OK && out->n < limit &&
+           (src = lapse__sq.sqlite3_step(st)) == SQLITE_ROW) {
         src = SQLITE_OK;
         const char *text[3];
         size_t len[3];
         char *built = NULL;
         for (int c = 0; c < 2; c++) {
-            text[c] = (const char *)sqlite3_column_text(st, c + 1);
-            len[c] = (size_t)sqlite3_column_bytes(st, c + 1);
+            text[c] = (const char *)lapse__sq.sqlite3_column_text(st, c + 1);
+            len[c] = (size_t)lapse__sq.sqlite3_column_bytes(st, c + 1);
         }
         rc = event_row_body(st, &text[2], &len[2], &built, err);
         if (rc == LAPSE_OK &&
             (text[0] == NULL || text[1] == NULL ||
-             !lapse__event_list_add(out, sqlite3_column_int64(st, 0), text[0], len[0],
-                                    text[1], len[1], text[2], len[2]))) {
+             !lapse__event_list_add(out, lapse__sq.sqlite3_column_int64(st, 0), text[0],
+                                    len[0], text[1], len[1], text[2], len[2]))) {
             rc = lapse_error_set(err, LAPSE_ERR_NOMEM, "reading events");
         }
         free(built);
@@ -967,20 +970,20 @@ static lapse_status_t read_page(sqlite_store_t *s, const lapse_pending_filter_t 
     int src = bind(st, "itiii", after_deadline_ms, after_id, filter->due_before_ms,
                    filter->created_before_ms, (int64_t)page->cap);
     while (src == SQLITE_OK && page->n < page->cap &&
-           (src = sqlite3_step(st)) == SQLITE_ROW) {
+           (src = lapse__sq.sqlite3_step(st)) == SQLITE_ROW) {
         src = SQLITE_OK;
         lapse_order_t *order = &page->items[page->n];
-        const char *order_id = (const char *)sqlite3_column_text(st, 0);
-        size_t len = (size_t)sqlite3_column_bytes(st, 0);
+        const char *order_id = (const char *)lapse__sq.sqlite3_column_text(st, 0);
+        size_t len = (size_t)lapse__sq.sqlite3_column_bytes(st, 0);
         if (order_id == NULL || len > LAPSE_ORDER_ID_MAX) {
             rc = lapse_error_set(err, LAPSE_ERR_STORE_SQL, "pending: bad order id");
             break;
         }
         memcpy(order->order_id, order_id, len + 1);
         order->status = LAPSE_ORDER_PENDING;
-        order->deadline_ms = sqlite3_column_int64(st, 1);
-        order->created_at_ms = sqlite3_column_int64(st, 2);
-        order->scheduled = sqlite3_column_int(st, 3) != 0;
+        order->deadline_ms = lapse__sq.sqlite3_column_int64(st, 1);
+        order->created_at_ms = lapse__sq.sqlite3_column_int64(st, 2);
+        order->scheduled = lapse__sq.sqlite3_column_int(st, 3) != 0;
         page->n++;
     }
     if (rc == LAPSE_OK && src != SQLITE_OK && src != SQLITE_DONE) {
@@ -1039,12 +1042,12 @@ static lapse_status_t sq_prune(lapse_store_t *store, int64_t before_ms, int64_t 
 static void sq_close(lapse_store_t *store) {
     sqlite_store_t *s = as_sqlite(store);
     for (int i = 0; i < ST_COUNT_; i++) {
-        sqlite3_finalize(s->stmt[i]);
+        lapse__sq.sqlite3_finalize(s->stmt[i]);
     }
     for (size_t k = 0; k < EVENT_CHUNKS; k++) {
-        sqlite3_finalize(s->event_insert[k]);
+        lapse__sq.sqlite3_finalize(s->event_insert[k]);
     }
-    sqlite3_close(s->db);
+    lapse__sq.sqlite3_close(s->db);
     free(s);
 }
 
@@ -1078,32 +1081,34 @@ static lapse_status_t open_fail(sqlite_store_t *s, int src, const char *what,
 
 static lapse_status_t set_wal(sqlite_store_t *s, lapse_error_t *err) {
     sqlite3_stmt *st = NULL;
-    int src = sqlite3_prepare_v2(s->db, "PRAGMA journal_mode = WAL", -1, &st, NULL);
-    if (src == SQLITE_OK && (src = sqlite3_step(st)) == SQLITE_ROW) {
-        const char *mode = (const char *)sqlite3_column_text(st, 0);
+    int src =
+        lapse__sq.sqlite3_prepare_v2(s->db, "PRAGMA journal_mode = WAL", -1, &st, NULL);
+    if (src == SQLITE_OK && (src = lapse__sq.sqlite3_step(st)) == SQLITE_ROW) {
+        const char *mode = (const char *)lapse__sq.sqlite3_column_text(st, 0);
         /* An in-memory database reports "memory" and has nobody to share with. */
-        const char *file = sqlite3_db_filename(s->db, "main");
+        const char *file = lapse__sq.sqlite3_db_filename(s->db, "main");
         bool ok = (mode != NULL && strcasecmp(mode, "wal") == 0) || file == NULL ||
                   file[0] == '\0';
-        sqlite3_finalize(st);
+        lapse__sq.sqlite3_finalize(st);
         return ok ? LAPSE_OK
                   : lapse_error_set(err, LAPSE_ERR_STORE_OPEN,
                                     "journal_mode WAL refused (got %s)",
                                     mode != NULL ? mode : "nothing");
     }
     lapse_status_t rc = open_fail(s, src, "journal_mode", err);
-    sqlite3_finalize(st);
+    lapse__sq.sqlite3_finalize(st);
     return rc;
 }
 
 /* PRAGMA foreign_key_check of the open transaction: LAPSE_OK when it finds nothing. */
 static lapse_status_t foreign_keys_hold(sqlite_store_t *s, lapse_error_t *err) {
     sqlite3_stmt *st = NULL;
-    int src = sqlite3_prepare_v2(s->db, "PRAGMA foreign_key_check", -1, &st, NULL);
+    int src =
+        lapse__sq.sqlite3_prepare_v2(s->db, "PRAGMA foreign_key_check", -1, &st, NULL);
     if (src == SQLITE_OK) {
-        src = sqlite3_step(st);
+        src = lapse__sq.sqlite3_step(st);
     }
-    sqlite3_finalize(st);
+    lapse__sq.sqlite3_finalize(st);
     if (src == SQLITE_ROW) {
         return lapse_error_set(
             err, LAPSE_ERR_STORE_OPEN,
@@ -1117,21 +1122,22 @@ static lapse_status_t foreign_keys_hold(sqlite_store_t *s, lapse_error_t *err) {
  * renames the table holds references. MIGRATE_V5_SQL copies the whole outbox once:
  * on a file with a month of published events that is the one slow open. */
 static lapse_status_t apply_schema(sqlite_store_t *s, lapse_error_t *err) {
-    int src = sqlite3_exec(s->db, "PRAGMA foreign_keys = OFF", NULL, NULL, NULL);
+    int src =
+        lapse__sq.sqlite3_exec(s->db, "PRAGMA foreign_keys = OFF", NULL, NULL, NULL);
     if (src == SQLITE_OK) {
-        src = sqlite3_exec(s->db, "BEGIN IMMEDIATE", NULL, NULL, NULL);
+        src = lapse__sq.sqlite3_exec(s->db, "BEGIN IMMEDIATE", NULL, NULL, NULL);
     }
     if (src != SQLITE_OK) {
         return open_fail(s, src, "schema", err);
     }
     sqlite3_stmt *st = NULL;
     int version = -1;
-    src = sqlite3_prepare_v2(s->db, "PRAGMA user_version", -1, &st, NULL);
-    if (src == SQLITE_OK && (src = sqlite3_step(st)) == SQLITE_ROW) {
-        version = sqlite3_column_int(st, 0);
+    src = lapse__sq.sqlite3_prepare_v2(s->db, "PRAGMA user_version", -1, &st, NULL);
+    if (src == SQLITE_OK && (src = lapse__sq.sqlite3_step(st)) == SQLITE_ROW) {
+        version = lapse__sq.sqlite3_column_int(st, 0);
         src = SQLITE_OK;
     }
-    sqlite3_finalize(st);
+    lapse__sq.sqlite3_finalize(st);
     lapse_status_t rc = LAPSE_OK;
     if (src != SQLITE_OK) {
         rc = open_fail(s, src, "user_version", err);
@@ -1140,29 +1146,31 @@ static lapse_status_t apply_schema(sqlite_store_t *s, lapse_error_t *err) {
                              "store schema version %d is newer than this lapse (%d)",
                              version, SCHEMA_VERSION);
     } else if (version >= 1 && version < 4 &&
-               (src = sqlite3_exec(s->db, MIGRATE_V4_SQL, NULL, NULL, NULL)) !=
+               (src = lapse__sq.sqlite3_exec(s->db, MIGRATE_V4_SQL, NULL, NULL, NULL)) !=
                    SQLITE_OK) {
         rc = open_fail(s, src, "schema upgrade to version 4", err);
     } else if (version >= 1 && version < 5 &&
-               (src = sqlite3_exec(s->db, MIGRATE_V5_SQL, NULL, NULL, NULL)) !=
+               (src = lapse__sq.sqlite3_exec(s->db, MIGRATE_V5_SQL, NULL, NULL, NULL)) !=
                    SQLITE_OK) {
         rc = open_fail(s, src, "schema upgrade to version 5", err);
-    } else if (version == 5 && (src = sqlite3_exec(s->db, MIGRATE_V6_SQL, NULL, NULL,
-                                                   NULL)) != SQLITE_OK) {
+    } else if (version == 5 && (src = lapse__sq.sqlite3_exec(s->db, MIGRATE_V6_SQL, NULL,
+                                                             NULL, NULL)) != SQLITE_OK) {
         rc = open_fail(s, src, "schema upgrade to version 6", err);
     } else if (version < SCHEMA_VERSION &&
-               (src = sqlite3_exec(s->db, SCHEMA_SQL, NULL, NULL, NULL)) != SQLITE_OK) {
+               (src = lapse__sq.sqlite3_exec(s->db, SCHEMA_SQL, NULL, NULL, NULL)) !=
+                   SQLITE_OK) {
         rc = open_fail(s, src, "schema", err);
     } else if (version >= 1 && version < 4 &&
                (rc = foreign_keys_hold(s, err)) != LAPSE_OK) {
         /* rolled back below */
-    } else if ((src = sqlite3_exec(s->db, "COMMIT", NULL, NULL, NULL)) != SQLITE_OK) {
+    } else if ((src = lapse__sq.sqlite3_exec(s->db, "COMMIT", NULL, NULL, NULL)) !=
+               SQLITE_OK) {
         rc = open_fail(s, src, "schema commit", err);
     }
-    if (rc != LAPSE_OK && !sqlite3_get_autocommit(s->db)) {
-        sqlite3_exec(s->db, "ROLLBACK", NULL, NULL, NULL);
+    if (rc != LAPSE_OK && !lapse__sq.sqlite3_get_autocommit(s->db)) {
+        lapse__sq.sqlite3_exec(s->db, "ROLLBACK", NULL, NULL, NULL);
     }
-    src = sqlite3_exec(s->db, "PRAGMA foreign_keys = ON", NULL, NULL, NULL);
+    src = lapse__sq.sqlite3_exec(s->db, "PRAGMA foreign_keys = ON", NULL, NULL, NULL);
     if (rc == LAPSE_OK && src != SQLITE_OK) {
         rc = open_fail(s, src, "foreign_keys", err);
     }
@@ -1210,6 +1218,10 @@ lapse_store_t *lapse__store_sqlite_open(const char *path, unsigned open_flags,
                                         lapse_status_t *rc, lapse_error_t *err) {
     bool must_exist = (open_flags & LAPSE_STORE_MUST_EXIST) != 0;
     struct stat st;
+    /* Loaded before anything is created: without it, no file is made. */
+    if ((*rc = lapse__sqlite_load(err)) != LAPSE_OK) {
+        return NULL;
+    }
     if (names_a_file(path)) {
         if (must_exist && stat(path, &st) != 0 && errno == ENOENT) {
             *rc = missing(path, err);
@@ -1229,20 +1241,20 @@ lapse_store_t *lapse__store_sqlite_open(const char *path, unsigned open_flags,
      * a store removed since the check above is still not created. */
     int flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX |
                 (must_exist ? 0 : SQLITE_OPEN_CREATE);
-    int src = sqlite3_open_v2(path, &s->db, flags, NULL);
+    int src = lapse__sq.sqlite3_open_v2(path, &s->db, flags, NULL);
     if (src != SQLITE_OK && must_exist && (src & 0xff) == SQLITE_CANTOPEN &&
         stat(path, &st) != 0 && errno == ENOENT) {
         *rc = missing(path, err);
         goto fail;
     }
     if (src != SQLITE_OK) {
-        *rc =
-            lapse_error_set(err, LAPSE_ERR_STORE_OPEN, "sqlite:%s: %s", path,
-                            s->db != NULL ? sqlite3_errmsg(s->db) : sqlite3_errstr(src));
+        *rc = lapse_error_set(err, LAPSE_ERR_STORE_OPEN, "sqlite:%s: %s", path,
+                              s->db != NULL ? lapse__sq.sqlite3_errmsg(s->db)
+                                            : lapse__sq.sqlite3_errstr(src));
         goto fail;
     }
-    sqlite3_extended_result_codes(s->db, 1);
-    sqlite3_busy_timeout(s->db, BUSY_TIMEOUT_MS);
+    lapse__sq.sqlite3_extended_result_codes(s->db, 1);
+    lapse__sq.sqlite3_busy_timeout(s->db, BUSY_TIMEOUT_MS);
     /* FULL: a commit survives power loss too. With NORMAL, WAL mode may roll back the
      * last commits after an OS crash, and a payment the caller was told succeeded could
      * come back pending and then be cancelled (law 2). Batched writers pay one fsync per
@@ -1259,10 +1271,10 @@ lapse_store_t *lapse__store_sqlite_open(const char *path, unsigned open_flags,
     if ((*rc = set_wal(s, err)) != LAPSE_OK) {
         goto fail;
     }
-    src = sqlite3_exec(s->db,
-                       "PRAGMA synchronous = FULL; PRAGMA temp_store = MEMORY; "
-                       "PRAGMA cache_size = -512",
-                       NULL, NULL, NULL);
+    src = lapse__sq.sqlite3_exec(s->db,
+                                 "PRAGMA synchronous = FULL; PRAGMA temp_store = MEMORY; "
+                                 "PRAGMA cache_size = -512",
+                                 NULL, NULL, NULL);
     if (src != SQLITE_OK) {
         *rc = open_fail(s, src, "pragmas", err);
         goto fail;
@@ -1271,17 +1283,17 @@ lapse_store_t *lapse__store_sqlite_open(const char *path, unsigned open_flags,
         goto fail;
     }
     /* The scratch list of sq_prune, private to this connection. */
-    src = sqlite3_exec(s->db,
-                       "CREATE TEMP TABLE IF NOT EXISTS prune_ids"
-                       " (order_id TEXT NOT NULL PRIMARY KEY)",
-                       NULL, NULL, NULL);
+    src = lapse__sq.sqlite3_exec(s->db,
+                                 "CREATE TEMP TABLE IF NOT EXISTS prune_ids"
+                                 " (order_id TEXT NOT NULL PRIMARY KEY)",
+                                 NULL, NULL, NULL);
     if (src != SQLITE_OK) {
         *rc = open_fail(s, src, "prune list", err);
         goto fail;
     }
     for (int i = 0; i < ST_COUNT_; i++) {
-        src = sqlite3_prepare_v3(s->db, STMT_SQL[i], -1, SQLITE_PREPARE_PERSISTENT,
-                                 &s->stmt[i], NULL);
+        src = lapse__sq.sqlite3_prepare_v3(s->db, STMT_SQL[i], -1,
+                                           SQLITE_PREPARE_PERSISTENT, &s->stmt[i], NULL);
         if (src != SQLITE_OK) {
             *rc = open_fail(s, src, STMT_NAME[i], err);
             goto fail;
@@ -1290,8 +1302,9 @@ lapse_store_t *lapse__store_sqlite_open(const char *path, unsigned open_flags,
     for (size_t k = 0; k < EVENT_CHUNKS; k++) {
         char *sql = event_insert_sql(EVENT_CHUNK[k]);
         src = sql == NULL ? SQLITE_NOMEM
-                          : sqlite3_prepare_v3(s->db, sql, -1, SQLITE_PREPARE_PERSISTENT,
-                                               &s->event_insert[k], NULL);
+                          : lapse__sq.sqlite3_prepare_v3(s->db, sql, -1,
+                                                         SQLITE_PREPARE_PERSISTENT,
+                                                         &s->event_insert[k], NULL);
         free(sql);
         if (src != SQLITE_OK) {
             *rc = open_fail(s, src, "EVENT_INSERT", err);

@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: MIT
  * Libraries loaded on first use (docs/design.md): a consumer maps libpq only on a
- * PostgreSQL store, libmicrohttpd only with --metrics-listen and libsystemd only under a
- * NOTIFY_SOCKET, and it cancels as ever without them; each of the three that cannot be
- * loaded is one clear error line and exit 1 from the command that needs it. */
+ * PostgreSQL store, libsqlite3 only on a SQLite one, libmicrohttpd only with
+ * --metrics-listen and libsystemd only under a NOTIFY_SOCKET, and it cancels as ever
+ * without them; each of the four that cannot be loaded is one clear error line and exit
+ * 1 from the command that needs it. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -57,7 +58,14 @@ static void test_consumer_maps_only_what_it_uses(void **state) {
     printf("plain consumer: libpq %d, libmicrohttpd %d, libsystemd %d (store %s)\n",
            maps_library(plain, "/libpq.so"), maps_library(plain, "/libmicrohttpd.so"),
            maps_library(plain, "/libsystemd.so"), h.pg ? "postgresql" : "sqlite");
+    printf("plain consumer: libsqlite3 %d, libm %d\n",
+           maps_library(plain, "/libsqlite3.so"), maps_library(plain, "/libm.so"));
     assert_int_equal(maps_library(plain, "/libpq.so"), h.pg);
+    /* Each store's library only: a PostgreSQL consumer has no SQLite, nor its libm. */
+    assert_int_equal(maps_library(plain, "/libsqlite3.so"), !h.pg);
+    if (h.pg) {
+        assert_false(maps_library(plain, "/libm.so"));
+    }
     assert_false(maps_library(plain, "/libmicrohttpd.so"));
     assert_false(maps_library(plain, "/libsystemd.so"));
     if (!h.pg) {
@@ -169,10 +177,31 @@ static void test_unloadable_library_is_one_clear_error(void **state) {
     snprintf(never, sizeof never, "%s/never.db", h.dir);
     struct stat st;
     assert_int_not_equal(stat(never, &st), 0);
+    int code;
+
+    /* A broken libsqlite3: a SQLite store is refused in the same words, before its file
+     * is created; a PostgreSQL one is not concerned. */
+    char dir_sq[PATH_MAX + 16], sq[sizeof dir_sq + 64];
+    snprintf(dir_sq, sizeof dir_sq, "%s/badsqlite", h.dir);
+    assert_int_equal(mkdir(dir_sq, 0700), 0);
+    plant_broken(dir_sq, LAPSE_LIBSQLITE3_SONAME, sq, sizeof sq);
+    code = run_broken(
+        &h, dir_sq, NULL,
+        (const char *const[]){"publish", "ord-x", "--store", store, "--amqp", h.amqp});
+    assert_int_equal(code, 1);
+    char needle_sq[sizeof sq + 256];
+    snprintf(needle_sq, sizeof needle_sq,
+             "lapse: open store: cannot load %s (Debian package libsqlite3-0): %s: file "
+             "too short",
+             LAPSE_LIBSQLITE3_SONAME, sq);
+    printf("publish %s: %zu line(s) \"%s\"\n", LAPSE_LIBSQLITE3_SONAME,
+           h_count_lines(&h, "cli.log", needle_sq), needle_sq);
+    assert_int_equal(h_count_lines(&h, "cli.log", needle_sq), 1);
+    assert_int_not_equal(stat(never, &st), 0);
 
     /* A SQLite store needs none of them: the same broken path is no obstacle. */
     assert_int_equal(setenv("LD_LIBRARY_PATH", dir, 1), 0);
-    int code = h_lapse(&h, NULL, 0, "publish", "ord-sqlite", "--timeout", "2s", NULL);
+    code = h_lapse(&h, NULL, 0, "publish", "ord-sqlite", "--timeout", "2s", NULL);
     unsetenv("LD_LIBRARY_PATH");
     assert_int_equal(code, h.pg ? 1 : 0);
     h_teardown(&h);
