@@ -137,11 +137,7 @@ lapse_store_t *lapse_store_open_flags(const char *uri, unsigned flags, lapse_sta
 lapse_store_t *lapse_store_open_config(const lapse_config_t *cfg, unsigned flags,
                                        lapse_status_t *rc, lapse_error_t *err) {
     lapse_store_options_t opts;
-    lapse_store_options_init(&opts);
-    opts.flags = flags;
-    opts.schema = lapse_config_get(cfg, "store_schema");
-    const char *map = lapse_config_get(cfg, "orders_map");
-    opts.orders_map = map != NULL && map[0] != '\0' ? map : NULL;
+    lapse_store_options_from_config(cfg, flags, &opts);
     return lapse_store_open_opts(cfg->store, &opts, rc, err);
 }
 
@@ -151,9 +147,19 @@ void lapse_store_options_init(lapse_store_options_t *opts) {
     }
 }
 
+void lapse_store_options_from_config(const lapse_config_t *cfg, unsigned flags,
+                                     lapse_store_options_t *opts) {
+    lapse_store_options_init(opts);
+    opts->flags = flags;
+    opts->schema = lapse_config_get(cfg, "store_schema");
+    const char *map = lapse_config_get(cfg, "orders_map");
+    opts->orders_map = map != NULL && map[0] != '\0' ? map : NULL;
+}
+
 /* Opening is retried while it fails as busy: a new SQLite file is switched to WAL by
  * whoever opens it first (the others find it locked, briefly), and several consumers
- * starting at once wait on each other's schema migration. */
+ * starting at once wait on each other's schema migration. The caller's stop flag ends
+ * the retries (a SIGTERM while another process holds the file locked). */
 static lapse_store_t *open_retrying(const char *uri, const lapse_store_options_t *opts,
                                     bool pg, lapse_status_t *rc, lapse_error_t *err) {
     lapse_store_t *store = NULL;
@@ -167,7 +173,10 @@ static lapse_store_t *open_retrying(const char *uri, const lapse_store_options_t
         if (store != NULL || *rc != LAPSE_ERR_STORE_BUSY || pg) {
             break;
         }
-        lapse__sleep_ms(lapse__backoff_ms(attempt, 20, 1000), NULL);
+        if ((opts->stop != NULL && *opts->stop) ||
+            !lapse__sleep_ms(lapse__backoff_ms(attempt, 20, 1000), opts->stop)) {
+            break;
+        }
     }
     return store;
 }

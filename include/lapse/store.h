@@ -9,6 +9,8 @@
 #include <lapse/lapse.h>
 #include <lapse/message.h>
 
+#include <signal.h>
+
 /** Opaque store handle. One handle per thread; several processes may share a store. */
 typedef struct lapse_store lapse_store_t;
 
@@ -103,10 +105,21 @@ typedef struct lapse_store_options {
                                shop's own orders table"): orders live in the shop's own
                                table, checked against the live schema at open. NULL
                                (default): lapse's own orders table */
+    /* A caller's stop flag (a signal handler's), or NULL (default). A SQLite file that
+     * is locked is opened again for up to about 100 s (20 tries of a 5 s busy wait, with
+     * a backoff between them); once *stop is non-zero no further try is made and the
+     * open ends with LAPSE_ERR_STORE_BUSY, within one busy wait (5 s) and one backoff
+     * (1 s) of the flag. */
+    const volatile sig_atomic_t *stop;
 } lapse_store_options_t;
 
-/** The defaults: no flags, schema "lapse". */
+/** The defaults: no flags, schema "lapse", no orders map, no stop flag. */
 LAPSE_API void lapse_store_options_init(lapse_store_options_t *opts);
+
+/** The defaults, then cfg's store_schema and orders_map and these flags. opts borrows
+ *  cfg's strings: cfg must outlive the open that uses opts. */
+LAPSE_API void lapse_store_options_from_config(const lapse_config_t *cfg, unsigned flags,
+                                               lapse_store_options_t *opts);
 
 /**
  * Open a store by URI:

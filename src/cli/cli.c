@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT
  * Shared pieces of the lapse executable: exit codes, errors, logging, signals. */
 #include "cli.h"
+#include "config_int.h"
 #include "log_sink.h"
 
 #include <lapse/message.h>
@@ -178,7 +179,12 @@ volatile sig_atomic_t *cli_install_stop_handlers(void) {
 
 lapse_store_t *cli_try_store(cli_t *cli, unsigned flags, lapse_status_t *rc,
                              lapse_error_t *err) {
-    lapse_store_t *store = lapse_store_open_config(cli->cfg, flags, rc, err);
+    /* A command that installed the stop handlers stops waiting for a locked file at
+     * SIGTERM; for the others the flag never rises (the signal ends them). */
+    lapse_store_options_t opts;
+    lapse_store_options_from_config(cli->cfg, flags, &opts);
+    opts.stop = &stop_flag;
+    lapse_store_t *store = lapse_store_open_opts(cli->cfg->store, &opts, rc, err);
     const char *warning = lapse_store_warning(store);
     if (warning != NULL) {
         fprintf(stderr, "lapse: warning: %s\n", warning);

@@ -21,7 +21,12 @@ static lapse_store_t *open_store_waiting(cli_t *cli, const volatile sig_atomic_t
         lapse_status_t rc;
         lapse_error_t err = {0};
         lapse_store_t *store = cli_try_store(cli, 0, &rc, &err);
-        if (store != NULL || rc != LAPSE_ERR_STORE_BUSY || *stop) {
+        if (store == NULL && rc == LAPSE_ERR_STORE_BUSY && *stop) {
+            cli_notify_stopping(notify);
+            *code = CLI_EXIT_OK; /* SIGTERM while the file was locked: a clean stop */
+            return NULL;
+        }
+        if (store != NULL || rc != LAPSE_ERR_STORE_BUSY) {
             if (store == NULL) {
                 *code = cli_fail(rc, &err, "open store");
             }

@@ -5,7 +5,8 @@
  * went, paid ones never. With a 10 s lock the consumer's in-process store retries ride
  * it out (event=store_retry); with a 14 s lock they are exhausted and the deliveries take
  * the retry path down the ladder (decision=retry, x-lapse-attempts), still losing and
- * doubling nothing. */
+ * doubling nothing. SIGTERM ends the consumer cleanly within 10 s while the lock holds,
+ * whether it was consuming or still opening the file. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -206,8 +207,8 @@ static void test_sigterm_while_the_store_is_locked(void **state) {
     assert_int_equal(
         h_lapse(&h, NULL, 0, "publish", "--batch", h_path(&h, "orders.jsonl"), NULL), 0);
     /* The consumer is running before the lock: one that is still opening the file
-     * when the lock comes waits in its open instead (20 tries of a 5 s busy wait), and
-     * that is not the case under test. */
+     * when the lock comes waits in its open instead (20 tries of a 5 s busy wait),
+     * test_sigterm_while_opening_a_locked_store's case. */
     for (int64_t until = h_now_ms() + h_ms(20000);
          h_count_lines(&h, "consumer.log", "event=consuming") == 0 &&
          h_now_ms() < until;) {
@@ -234,11 +235,41 @@ static void test_sigterm_while_the_store_is_locked(void **state) {
     h_teardown(&h);
 }
 
+/* SIGTERM while the consumer is still opening a store another process holds locked: the
+ * open (20 tries of a 5 s busy wait, about 100 s) ends at the stop flag, within one busy
+ * wait and one backoff, and the consumer stops cleanly, having touched nothing. */
+static void test_sigterm_while_opening_a_locked_store(void **state) {
+    (void)state;
+    h_ctx_t h;
+    h_setup(&h, "fault-c-open", "2s", true);
+    assert_int_equal(h_lapse(&h, NULL, 0, "publish", "ord-0", "--timeout", "2s", NULL),
+                     0);
+    pid_t locker = lock_store(&h, 60000);
+    pid_t consumer = h_spawn_consumer(&h, "consumer.log", NULL);
+    usleep(3000 * 1000);
+    assert_true(h_alive(consumer));
+    int64_t t_term = h_now_ms();
+    int code = h_stop(consumer, SIGTERM, 10000);
+    int64_t took = h_now_ms() - t_term;
+    fprintf(stderr, "SIGTERM 3 s into opening a locked store: exit %d after %lld ms\n",
+            code, (long long)took);
+    assert_int_equal(code, 0);
+    assert_true(took < 8000);
+    assert_int_equal(h_count_lines(&h, "consumer.log", "event=consuming"), 0);
+    kill(locker, SIGTERM);
+    h_stop(locker, 0, h_ms(65000));
+    /* Its order untouched: still pending, its message still held. */
+    assert_int_equal(h_sql_int(&h, "SELECT count(*) FROM orders WHERE status='pending'"),
+                     1);
+    h_teardown(&h);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_store_locked_10s),
         cmocka_unit_test(test_store_locked_past_the_in_process_retries),
         cmocka_unit_test(test_sigterm_while_the_store_is_locked),
+        cmocka_unit_test(test_sigterm_while_opening_a_locked_store),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
