@@ -16,6 +16,7 @@
 #include "harness.h"
 #include "store_pg_sql.h"
 
+#include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -491,6 +492,48 @@ static void test_pg_environment_variables(void **state) {
     h_teardown(&h);
 }
 
+/* GSSAPI encryption only when asked for: over TCP, libpq's default (gssencmode=prefer)
+ * looks for Kerberos credentials before every connection, which sets up a Kerberos
+ * context (half a megabyte of a consumer's memory); lapse's default is disable, and the
+ * URI or PGGSSENCMODE asks for it. KRB5_TRACE names the file Kerberos opens for its trace
+ * as it sets up a context: it exists exactly when the probe ran. */
+static void test_gssapi_encryption_only_when_asked(void **state) {
+    (void)state;
+    H_SKIP_UNLESS_PG("PostgreSQL faults");
+    h_ctx_t h;
+    h_setup(&h, "pg-gss", "30m", true);
+    assert_int_equal(h_lapse(&h, NULL, 0, "publish", "gss-1", "--timeout", "1h", NULL),
+                     0);
+    char db[128], tcp[512], asked[600];
+    db_name(&h, db, sizeof db);
+    snprintf(tcp, sizeof tcp, "postgresql://postgres@127.0.0.1:%s/%s",
+             getenv("LAPSE_TEST_PG_PORT"), db);
+    snprintf(asked, sizeof asked, "%s?gssencmode=prefer", tcp);
+    const struct {
+        const char *name, *uri, *env;
+        bool probed;
+    } cases[] = {
+        {"default", tcp, NULL, false},
+        {"uri", asked, NULL, true},
+        {"env", tcp, "PGGSSENCMODE=prefer", true},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char trace[PATH_MAX + 32], trace_env[PATH_MAX + 48], log[64];
+        snprintf(trace, sizeof trace, "%s/krb5-%s.trace", h.dir, cases[i].name);
+        snprintf(trace_env, sizeof trace_env, "KRB5_TRACE=%s", trace);
+        snprintf(log, sizeof log, "gss-%s.log", cases[i].name);
+        const char *env[] = {trace_env, cases[i].env, NULL};
+        const char *args[] = {"--store", cases[i].uri, "status", "gss-1", NULL};
+        pid_t p = h_spawn_env(&h, log, args, env);
+        assert_int_equal(h_stop(p, 0, h_ms(20000)), 0);
+        bool probed = access(trace, F_OK) == 0;
+        printf("gssencmode %s: Kerberos context set up: %s\n", cases[i].name,
+               probed ? "yes" : "no");
+        assert_true(probed == cases[i].probed);
+    }
+    h_teardown(&h);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_server_stopped_immediately_mid_flow),
@@ -501,6 +544,7 @@ int main(void) {
         cmocka_unit_test(test_schema_created_once_by_racing_processes),
         cmocka_unit_test(test_through_pgbouncer_transaction_pooling),
         cmocka_unit_test(test_pg_environment_variables),
+        cmocka_unit_test(test_gssapi_encryption_only_when_asked),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
