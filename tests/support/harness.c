@@ -780,6 +780,17 @@ int64_t h_queue_depth(amqp_connection_state_t conn, const char *queue) {
     return ok->message_count;
 }
 
+int64_t h_wait_depth(amqp_connection_state_t conn, const char *queue, int64_t want,
+                     int timeout_ms) {
+    int64_t until = now_ms() + timeout_ms;
+    int64_t depth = h_queue_depth(conn, queue);
+    while (depth != want && now_ms() < until) {
+        usleep(50 * 1000);
+        depth = h_queue_depth(conn, queue);
+    }
+    return depth;
+}
+
 static int cmp_i64(const void *a, const void *b) {
     int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
     return (x > y) - (x < y);

@@ -174,6 +174,10 @@ void h_publish_raw(amqp_connection_state_t conn, const char *exchange,
                    const char *message_id);
 /* Passive-declare: messages in queue. */
 int64_t h_queue_depth(amqp_connection_state_t conn, const char *queue);
+/* queue's depth once it is want, or what it is after timeout_ms: for depths that the
+ * test reads after a log line or an unconfirmed publish, which may run ahead of them. */
+int64_t h_wait_depth(amqp_connection_state_t conn, const char *queue, int64_t want,
+                     int timeout_ms);
 
 /* Percentile (0..100) of n sorted values. */
 int64_t h_percentile(const int64_t *sorted, size_t n, double p);
