@@ -346,6 +346,18 @@ static void set_cork(lapse__broker_t *broker, bool on) {
     }
 }
 
+void lapse__broker_set_lowat(lapse__broker_t *broker, int bytes) {
+    int want = bytes > 1 ? bytes : 0;
+    if (broker->lowat == want || broker->conn == NULL) {
+        return;
+    }
+    int fd = amqp_get_sockfd(broker->conn);
+    int value = want > 0 ? want : 1;
+    if (fd >= 0 && setsockopt(fd, SOL_SOCKET, SO_RCVLOWAT, &value, sizeof value) == 0) {
+        broker->lowat = want;
+    }
+}
+
 void lapse__broker_cork(lapse__broker_t *broker) {
     set_cork(broker, true);
     /* rabbitmq-c owns a TLS session's writes: its publishes go through it, corked. */

@@ -87,6 +87,9 @@ typedef struct lapse__broker {
      * frames: while frames are staged, only lapse__broker_publish may be called. */
     bool corked;
     bool staging;
+    /* lapse__broker_set_lowat: the socket's SO_RCVLOWAT above 1, in bytes (0: 1, the
+     * default). */
+    int lowat;
     lapse__frames_t staged;
     /* The properties of a delivery whose body came in several frames, decoded again from
      * their copy (reading the frames released the first decoding); recycled by every
@@ -155,6 +158,15 @@ lapse_status_t lapse__broker_reply(lapse__broker_t *broker, amqp_rpc_reply_t rep
  * changes nothing.
  */
 void lapse__broker_cork(lapse__broker_t *broker);
+
+/**
+ * Have a wait for frames on this connection end only once at least bytes have arrived,
+ * or at its timeout (SO_RCVLOWAT; 1 or less: at the first byte, the default). A reader
+ * that gathers a batch anyway then wakes once per few kB instead of once per segment
+ * the broker sends. Remembered per connection: setting the value it has costs nothing.
+ * A failed setsockopt changes nothing.
+ */
+void lapse__broker_set_lowat(lapse__broker_t *broker, int bytes);
 
 /**
  * End a run: send what is staged, then uncork. Every wait of the broker (confirms, room

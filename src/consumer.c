@@ -106,9 +106,12 @@ void lapse_consumer_free(lapse_consumer_t *c) {
 /* Wait for one delivery (up to CONSUMER_IDLE_WAIT_MS), then take more for up to
  * CONSUMER_BATCH_WINDOW_MS or until the batch holds prefetch deliveries. Monotonic: a
  * wall clock stepping back must not hold a partial batch unacked. */
-static lapse_status_t collect(lapse_consumer_t *c, lapse_error_t *err) {
+static lapse_status_t collect_batch(lapse_consumer_t *c, lapse_error_t *err) {
     int64_t started = 0;
     while (c->n < c->cap) {
+        bool gather =
+            c->n > 0 && (c->cap - c->n) * CONSUMER_LOWAT_DELIVERY >= CONSUMER_LOWAT_BYTES;
+        lapse__broker_set_lowat(&c->in, gather ? CONSUMER_LOWAT_BYTES : 0);
         int64_t now = lapse__mono_ms();
         int64_t wait_ms = CONSUMER_IDLE_WAIT_MS;
         if (c->n == 0 && c->relay.active) {
@@ -162,6 +165,13 @@ static lapse_status_t collect(lapse_consumer_t *c, lapse_error_t *err) {
         }
     }
     return LAPSE_OK;
+}
+
+/* collect_batch; then waits on the consuming connection wake at the first byte again. */
+static lapse_status_t collect(lapse_consumer_t *c, lapse_error_t *err) {
+    lapse_status_t rc = collect_batch(c, err);
+    lapse__broker_set_lowat(&c->in, 0);
+    return rc;
 }
 
 /* Cancel items (the due ones) in one transaction; a busy store is retried a little. */
