@@ -108,10 +108,12 @@ void lapse_consumer_free(lapse_consumer_t *c) {
  * wall clock stepping back must not hold a partial batch unacked. */
 static lapse_status_t collect_batch(lapse_consumer_t *c, lapse_error_t *err) {
     int64_t started = 0;
+    /* When the window is over after waits that gathered (CONSUMER_LOWAT_BYTES), one last
+     * look without waiting takes what came meanwhile and still sits in the socket: a
+     * batch holds what arrived within its window, as it did before the gathering. */
+    bool gathered = false;
+    bool last_look = false;
     while (c->n < c->cap) {
-        bool gather =
-            c->n > 0 && (c->cap - c->n) * CONSUMER_LOWAT_DELIVERY >= CONSUMER_LOWAT_BYTES;
-        lapse__broker_set_lowat(&c->in, gather ? CONSUMER_LOWAT_BYTES : 0);
         int64_t now = lapse__mono_ms();
         int64_t wait_ms = CONSUMER_IDLE_WAIT_MS;
         if (c->n == 0 && c->relay.active) {
@@ -132,9 +134,17 @@ static lapse_status_t collect_batch(lapse_consumer_t *c, lapse_error_t *err) {
         if (c->n > 0) {
             wait_ms = CONSUMER_BATCH_WINDOW_MS - (now - started);
             if (wait_ms <= 0) {
-                break;
+                if (!gathered) {
+                    break;
+                }
+                last_look = true;
+                wait_ms = 0;
             }
         }
+        bool gather = !last_look && c->n > 0 &&
+                      (c->cap - c->n) * CONSUMER_LOWAT_DELIVERY >= CONSUMER_LOWAT_BYTES;
+        gathered = gathered || gather;
+        lapse__broker_set_lowat(&c->in, gather ? CONSUMER_LOWAT_BYTES : 0);
         lapse__inbound_t in;
         bool got = false;
         lapse_status_t rc = lapse__broker_consume_next(
@@ -143,10 +153,16 @@ static lapse_status_t collect_batch(lapse_consumer_t *c, lapse_error_t *err) {
             return rc;
         }
         if (!got) {
-            if (c->n == 0 || lapse__mono_ms() - started >= CONSUMER_BATCH_WINDOW_MS) {
+            if (c->n == 0 || last_look) {
                 break;
             }
-            continue; /* a frame that needed nothing: the window is not over yet */
+            if (lapse__mono_ms() - started >= CONSUMER_BATCH_WINDOW_MS) {
+                if (!gathered) {
+                    break;
+                }
+                last_look = true;
+            }
+            continue; /* a frame that needed nothing, or the last look is next */
         }
         /* Its facts now: the decoded properties last only until the next delivery. */
         delivery_t *d = &c->batch[c->n];
