@@ -202,8 +202,10 @@ static void test_broker_killed_while_orders_are_held(void **state) {
         swept = kv(out, "cancelled");
     }
     /* The consumer publishes the outbox, the sweep's events included. */
-    h_wait_sql(&h, 0, h_ms(20000),
-               "SELECT count(*) FROM events WHERE published_at_ms IS NULL");
+    assert_int_equal(
+        h_wait_sql(&h, 0, h_ms(20000),
+                   "SELECT count(*) FROM events WHERE published_at_ms IS NULL"),
+        0);
     assert_int_equal(h_stop(consumer, SIGTERM, h_ms(15000)), 0);
 
     static const char *const logs[] = {"consumer.log", "cli.log", NULL};

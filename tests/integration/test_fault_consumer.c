@@ -108,8 +108,10 @@ static void test_consumer_killed_mid_batch_three_times(void **state) {
             unpaid_so_far);
     }
     assert_int_equal(paid, ORDERS / 20);
-    h_wait_sql(&h, 0, h_ms(15000),
-               "SELECT count(*) FROM events WHERE published_at_ms IS NULL");
+    assert_int_equal(
+        h_wait_sql(&h, 0, h_ms(15000),
+                   "SELECT count(*) FROM events WHERE published_at_ms IS NULL"),
+        0);
     assert_int_equal(h_stop(consumer, SIGTERM, h_ms(10000)), 0);
 
     h_laws_t laws;

@@ -304,8 +304,10 @@ static void test_ten_thousand_poison_messages(void **state) {
     assert_int_equal(h_wait_sql(&h, GOOD - (int64_t)paid, h_ms(20000),
                                 "SELECT count(*) FROM orders WHERE status='cancelled'"),
                      GOOD - (int64_t)paid);
-    h_wait_sql(&h, 0, h_ms(15000),
-               "SELECT count(*) FROM events WHERE published_at_ms IS NULL");
+    assert_int_equal(
+        h_wait_sql(&h, 0, h_ms(15000),
+                   "SELECT count(*) FROM events WHERE published_at_ms IS NULL"),
+        0);
     assert_true(h_alive(consumer));
     assert_int_equal(h_stop(consumer, SIGTERM, h_ms(15000)), 0);
 

@@ -125,8 +125,10 @@ static void run(const char *row, const char *name, int lock_ms, bool want_retry_
                                 "SELECT count(*) FROM orders WHERE status='cancelled'"),
                      unpaid);
     int64_t t_done = h_now_ms();
-    h_wait_sql(&h, 0, h_ms(15000),
-               "SELECT count(*) FROM events WHERE published_at_ms IS NULL");
+    assert_int_equal(
+        h_wait_sql(&h, 0, h_ms(15000),
+                   "SELECT count(*) FROM events WHERE published_at_ms IS NULL"),
+        0);
     assert_true(h_alive(consumer));
     assert_int_equal(h_stop(consumer, SIGTERM, h_ms(10000)), 0);
 
