@@ -550,6 +550,14 @@ void h_sql_exec(h_ctx_t *h, const char *sql_fmt, ...) {
     sqlite3_free(sql);
 }
 
+/* A wait that ran out says so in the test's output, whether or not the caller asserts
+ * its result: a check that waits out its whole timeout every time shows up here. */
+static void ran_out(const char *what, const char *on, int64_t got, int64_t want,
+                    int timeout_ms) {
+    fprintf(stderr, "harness: wait ran out after %d ms: %s got %lld, want %lld: %s\n",
+            timeout_ms, what, (long long)got, (long long)want, on);
+}
+
 int64_t h_wait_sql(h_ctx_t *h, int64_t expect, int timeout_ms, const char *sql_fmt, ...) {
     int64_t until = now_ms() + timeout_ms;
     int64_t v;
@@ -558,7 +566,11 @@ int64_t h_wait_sql(h_ctx_t *h, int64_t expect, int timeout_ms, const char *sql_f
         va_start(ap, sql_fmt);
         v = sql_int_v(h, sql_fmt, ap);
         va_end(ap);
-        if (v == expect || now_ms() > until) {
+        if (v == expect) {
+            return v;
+        }
+        if (now_ms() > until) {
+            ran_out("sql", sql_fmt, v, expect, timeout_ms);
             return v;
         }
         usleep(50000);
@@ -588,7 +600,11 @@ size_t h_wait_lines(h_ctx_t *h, const char *file, const char *needle, size_t wan
     int64_t until = now_ms() + timeout_ms;
     for (;;) {
         size_t n = h_count_lines(h, file, needle);
-        if (n >= want || now_ms() > until) {
+        if (n >= want) {
+            return n;
+        }
+        if (now_ms() > until) {
+            ran_out("lines", needle, (int64_t)n, (int64_t)want, timeout_ms);
             return n;
         }
         usleep(20000);
@@ -787,6 +803,9 @@ int64_t h_wait_depth(amqp_connection_state_t conn, const char *queue, int64_t wa
     while (depth != want && now_ms() < until) {
         usleep(50 * 1000);
         depth = h_queue_depth(conn, queue);
+    }
+    if (depth != want) {
+        ran_out("depth", queue, depth, want, timeout_ms);
     }
     return depth;
 }
