@@ -174,8 +174,10 @@ static void test_cluster_leaders_killed(void **state) {
         fprintf(stderr, "sweep: %s", out);
         swept = kv(out, "cancelled");
     }
-    h_wait_sql(&h, 0, h_ms(20000),
-               "SELECT count(*) FROM events WHERE published_at_ms IS NULL");
+    assert_int_equal(
+        h_wait_sql(&h, 0, h_ms(20000),
+                   "SELECT count(*) FROM events WHERE published_at_ms IS NULL"),
+        0);
     assert_int_equal(h_stop(consumer, SIGTERM, h_ms(15000)), 0);
 
     static const char *const logs[] = {"consumer.log", "cli.log", NULL};
