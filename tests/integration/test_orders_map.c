@@ -175,8 +175,9 @@ static amqp_connection_state_t open_tap(h_ctx_t *h) {
 }
 
 /* Every event went out (the outbox empties within wait_ms, the consumers still running),
- * and the tap holds one for each of the cancelled orders: at least once, so a consumer
- * killed between a confirm and its mark may have sent one twice. */
+ * and the tap holds one for each of the cancelled orders. Delivery is at least once (a
+ * consumer killed between a confirm and its mark sends that event again), so the number
+ * of messages is printed, not held to the number of orders. */
 static void assert_events_published(h_ctx_t *h, amqp_connection_state_t conn,
                                     int64_t cancelled, int wait_ms) {
     assert_int_equal(
@@ -190,7 +191,6 @@ static void assert_events_published(h_ctx_t *h, amqp_connection_state_t conn,
     printf("events published=%zu orders=%zu cancelled=%lld\n", total, orders,
            (long long)cancelled);
     assert_int_equal(orders, (size_t)cancelled);
-    assert_true(total >= orders);
     h_amqp_close(conn);
 }
 
