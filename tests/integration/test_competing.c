@@ -46,9 +46,7 @@ static void test_three_consumers_cancel_each_unpaid_order_once(void **state) {
     h_ctx_t h;
     h_setup(&h, "competing", "2s,3s", true);
     amqp_connection_state_t conn = h_amqp_open(&h);
-    char events_x[128];
-    snprintf(events_x, sizeof events_x, "%s.events", h.prefix);
-    h_tap(&h, conn, "tap", events_x, "#");
+    h_tap_events(&h, conn);
 
     pid_t consumers[CONSUMERS];
     char logs[CONSUMERS][32];
@@ -118,9 +116,7 @@ static void test_three_consumers_cancel_each_unpaid_order_once(void **state) {
         h_sql_int(&h, "SELECT count(*) FROM events WHERE published_at_ms IS NULL"), 0);
 
     tally_t *t = calloc(1, sizeof *t);
-    char tap[128];
-    snprintf(tap, sizeof tap, "%s.tap", h.prefix);
-    h_drain(conn, tap, 1000, count_event, t);
+    h_drain(conn, h.tap, 1000, count_event, t);
     printf("events on the tap: %zu (foreign %zu)\n", t->total, t->foreign);
     assert_int_equal(t->foreign, 0);
     for (int i = 0; i < ORDERS; i++) {

@@ -33,9 +33,7 @@ static void test_sigkill_mid_stream_loses_and_doubles_nothing(void **state) {
     h_ctx_t h;
     h_setup(&h, "crash", "2s", true);
     amqp_connection_state_t conn = h_amqp_open(&h);
-    char events_x[128];
-    snprintf(events_x, sizeof events_x, "%s.events", h.prefix);
-    h_tap(&h, conn, "tap", events_x, "#");
+    h_tap_events(&h, conn);
 
     /* Small batches, so that the kill lands between deliveries, commits and acks. */
     static const char *const extra[] = {"--prefetch", "10", NULL};
@@ -81,10 +79,7 @@ static void test_sigkill_mid_stream_loses_and_doubles_nothing(void **state) {
                      ORDERS);
     /* The killed consumer's unpublished events: on PostgreSQL it held claims on them,
      * which run out first. */
-    assert_int_equal(
-        h_wait_sql(&h, 0, h_ms(10000) + h_claim_wait_ms(&h),
-                   "SELECT count(*) FROM events WHERE published_at_ms IS NULL"),
-        0);
+    assert_int_equal(h_wait_outbox_empty(&h, h_ms(10000) + h_claim_wait_ms(&h)), 0);
     assert_int_equal(h_stop(consumer, SIGTERM, h_ms(10000)), 0);
 
     for (int i = 0; i < ORDERS; i++) {
@@ -108,9 +103,7 @@ static void test_sigkill_mid_stream_loses_and_doubles_nothing(void **state) {
            h_count_lines(&h, "consumer-2.log", "decision=noop_cancelled"));
 
     int *per_order = calloc(ORDERS, sizeof *per_order);
-    char tap[128];
-    snprintf(tap, sizeof tap, "%s.tap", h.prefix);
-    size_t total = h_drain(conn, tap, 1000, count_event, per_order);
+    size_t total = h_drain(conn, h.tap, 1000, count_event, per_order);
     printf("events on the tap: %zu for %d orders\n", total, ORDERS);
     for (int i = 0; i < ORDERS; i++) {
         /* At least once: a kill between publish and mark-published repeats the same id.

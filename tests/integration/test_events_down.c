@@ -53,15 +53,10 @@ static void test_cancelling_goes_on_without_the_events_exchange(void **state) {
 
     /* The exchange comes back (with a queue bound to it): the backlog goes out. */
     assert_int_equal(h_lapse(&h, NULL, 0, "topology", "declare", NULL), 0);
-    h_tap(&h, conn, "tap", events_x, "#");
-    assert_int_equal(
-        h_wait_sql(&h, 0, h_ms(30000),
-                   "SELECT count(*) FROM events WHERE published_at_ms IS NULL"),
-        0);
-    char tap[128];
-    snprintf(tap, sizeof tap, "%s.tap", h.prefix);
+    h_tap_events(&h, conn);
+    assert_int_equal(h_wait_outbox_empty(&h, h_ms(30000)), 0);
     size_t n = 0;
-    h_drain(conn, tap, 1000, count, &n);
+    h_drain(conn, h.tap, 1000, count, &n);
     assert_int_equal(n, ORDERS);
     assert_int_equal(h_stop(consumer, SIGTERM, h_ms(10000)), 0);
     h_amqp_close(conn);

@@ -100,10 +100,7 @@ static void test_broker_killed_while_orders_are_held(void **state) {
     assert_true(queue_is(&h, "hold." CLASS, type));
     assert_true(queue_is(&h, "delay.00", type));
     amqp_connection_state_t conn = h_amqp_open(&h);
-    char events_x[128], tap[160];
-    snprintf(events_x, sizeof events_x, "%s.events", h.prefix);
-    snprintf(tap, sizeof tap, "%s.tap", h.prefix);
-    h_tap(&h, conn, "tap", events_x, "#");
+    const char *tap = h_tap_events(&h, conn);
     h_watch_t *watch = h_watch_start(&h);
     pid_t consumer = h_spawn_consumer(&h, "consumer.log", NULL);
 
@@ -202,10 +199,7 @@ static void test_broker_killed_while_orders_are_held(void **state) {
         swept = kv(out, "cancelled");
     }
     /* The consumer publishes the outbox, the sweep's events included. */
-    assert_int_equal(
-        h_wait_sql(&h, 0, h_ms(20000),
-                   "SELECT count(*) FROM events WHERE published_at_ms IS NULL"),
-        0);
+    assert_int_equal(h_wait_outbox_empty(&h, h_ms(20000)), 0);
     assert_int_equal(h_stop(consumer, SIGTERM, h_ms(15000)), 0);
 
     static const char *const logs[] = {"consumer.log", "cli.log", NULL};

@@ -114,10 +114,7 @@ static void test_cluster_leaders_killed(void **state) {
 
     url_of(2, h.amqp, sizeof h.amqp);
     conn = h_amqp_open(&h);
-    char events_x[128], tap[160];
-    snprintf(events_x, sizeof events_x, "%s.events", h.prefix);
-    snprintf(tap, sizeof tap, "%s.tap", h.prefix);
-    h_tap(&h, conn, "tap", events_x, "#");
+    const char *tap = h_tap_events(&h, conn);
     h_watch_t *watch = h_watch_start(&h);
     pid_t consumer = h_spawn_consumer(&h, "consumer.log", NULL);
 
@@ -174,10 +171,7 @@ static void test_cluster_leaders_killed(void **state) {
         fprintf(stderr, "sweep: %s", out);
         swept = kv(out, "cancelled");
     }
-    assert_int_equal(
-        h_wait_sql(&h, 0, h_ms(20000),
-                   "SELECT count(*) FROM events WHERE published_at_ms IS NULL"),
-        0);
+    assert_int_equal(h_wait_outbox_empty(&h, h_ms(20000)), 0);
     assert_int_equal(h_stop(consumer, SIGTERM, h_ms(15000)), 0);
 
     static const char *const logs[] = {"consumer.log", "cli.log", NULL};

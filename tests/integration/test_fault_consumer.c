@@ -40,10 +40,7 @@ static void test_consumer_killed_mid_batch_three_times(void **state) {
     h_setup(&h, "fault-b", "3s", true);
     int64_t t0 = h_now_ms();
     amqp_connection_state_t conn = h_amqp_open(&h);
-    char events_x[128], tap[160];
-    snprintf(events_x, sizeof events_x, "%s.events", h.prefix);
-    snprintf(tap, sizeof tap, "%s.tap", h.prefix);
-    h_tap(&h, conn, "tap", events_x, "#");
+    const char *tap = h_tap_events(&h, conn);
     h_watch_t *watch = h_watch_start(&h);
 
     /* Small batches: a burst takes ten of them. */
@@ -108,10 +105,7 @@ static void test_consumer_killed_mid_batch_three_times(void **state) {
             unpaid_so_far);
     }
     assert_int_equal(paid, ORDERS / 20);
-    assert_int_equal(
-        h_wait_sql(&h, 0, h_ms(15000),
-                   "SELECT count(*) FROM events WHERE published_at_ms IS NULL"),
-        0);
+    assert_int_equal(h_wait_outbox_empty(&h, h_ms(15000)), 0);
     assert_int_equal(h_stop(consumer, SIGTERM, h_ms(10000)), 0);
 
     h_laws_t laws;

@@ -73,10 +73,7 @@ static void run(const char *row, const char *name, int lock_ms, bool want_retry_
     h_setup(&h, name, "2s", true);
     int64_t t0 = h_now_ms();
     amqp_connection_state_t conn = h_amqp_open(&h);
-    char events_x[128], tap[160];
-    snprintf(events_x, sizeof events_x, "%s.events", h.prefix);
-    snprintf(tap, sizeof tap, "%s.tap", h.prefix);
-    h_tap(&h, conn, "tap", events_x, "#");
+    const char *tap = h_tap_events(&h, conn);
     h_watch_t *watch = h_watch_start(&h);
     pid_t consumer = h_spawn_consumer(&h, "consumer.log", NULL);
     /* Consuming before the lock: a consumer still opening the store when it is taken
@@ -125,10 +122,7 @@ static void run(const char *row, const char *name, int lock_ms, bool want_retry_
                                 "SELECT count(*) FROM orders WHERE status='cancelled'"),
                      unpaid);
     int64_t t_done = h_now_ms();
-    assert_int_equal(
-        h_wait_sql(&h, 0, h_ms(15000),
-                   "SELECT count(*) FROM events WHERE published_at_ms IS NULL"),
-        0);
+    assert_int_equal(h_wait_outbox_empty(&h, h_ms(15000)), 0);
     assert_true(h_alive(consumer));
     assert_int_equal(h_stop(consumer, SIGTERM, h_ms(10000)), 0);
 

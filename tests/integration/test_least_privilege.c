@@ -143,10 +143,7 @@ static void test_least_privilege_users_do_their_jobs(void **state) {
         usleep(50000);
     }
     assert_int_equal(h_queue_depth(conn, parked), 1);
-    assert_int_equal(
-        h_wait_sql(&h, 0, h_ms(20000),
-                   "SELECT count(*) FROM events WHERE published_at_ms IS NULL"),
-        0);
+    assert_int_equal(h_wait_outbox_empty(&h, h_ms(20000)), 0);
     assert_int_equal(h_stop(consumer, SIGTERM, h_ms(10000)), 0);
     assert_int_equal(h_count_lines(&h, "consumer.log", "ACCESS_REFUSED"), 0);
     assert_int_equal(h_count_lines(&h, "consumer.log", "event=reconnect"), 0);

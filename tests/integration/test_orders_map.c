@@ -168,9 +168,7 @@ static size_t count_in(h_ctx_t *h, const char *const *logs, const char *needle) 
  * events are published into it, not returned unroutable and left in the outbox. */
 static amqp_connection_state_t open_tap(h_ctx_t *h) {
     amqp_connection_state_t conn = h_amqp_open(h);
-    char events_x[128];
-    snprintf(events_x, sizeof events_x, "%s.events", h->prefix);
-    h_tap(h, conn, "tap", events_x, "#");
+    h_tap_events(h, conn);
     return conn;
 }
 
@@ -180,14 +178,9 @@ static amqp_connection_state_t open_tap(h_ctx_t *h) {
  * of messages is printed, not held to the number of orders. */
 static void assert_events_published(h_ctx_t *h, amqp_connection_state_t conn,
                                     int64_t cancelled, int wait_ms) {
-    assert_int_equal(
-        h_wait_sql(h, 0, wait_ms,
-                   "SELECT count(*) FROM events WHERE published_at_ms IS NULL"),
-        0);
-    char tap[160];
-    snprintf(tap, sizeof tap, "%s.tap", h->prefix);
+    assert_int_equal(h_wait_outbox_empty(h, wait_ms), 0);
     size_t total = 0;
-    size_t orders = h_tap_event_orders(conn, tap, &total);
+    size_t orders = h_tap_event_orders(conn, h->tap, &total);
     printf("events published=%zu orders=%zu cancelled=%lld\n", total, orders,
            (long long)cancelled);
     assert_int_equal(orders, (size_t)cancelled);

@@ -106,16 +106,12 @@ static long long wait_messages(h_ctx_t *h, long long expect) {
     return n;
 }
 
-/* Bind <prefix>.tap to the events exchange; returns the queue's name (static). */
+/* Bind <prefix>.tap to the events exchange; returns the queue's name (h->tap). */
 static const char *tap_events(h_ctx_t *h) {
-    static char tap[160];
-    char events_x[128];
-    snprintf(events_x, sizeof events_x, "%s.events", h->prefix);
-    snprintf(tap, sizeof tap, "%s.tap", h->prefix);
     amqp_connection_state_t conn = h_amqp_open(h);
-    h_tap(h, conn, "tap", events_x, "#");
+    h_tap_events(h, conn);
     h_amqp_close(conn);
-    return tap;
+    return h->tap;
 }
 
 static char *run_sweep(h_ctx_t *h, char *out, int expect_code, const char *a1,

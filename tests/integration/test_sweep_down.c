@@ -38,10 +38,7 @@ static void test_overdue_orders_cancelled_while_the_broker_is_down(void **state)
     h_watch_t *watch = h_watch_start(&h);
     /* A durable queue for the events, so that they have somewhere to go. */
     amqp_connection_state_t conn = h_amqp_open(&h);
-    char events_x[128], tap[160];
-    snprintf(events_x, sizeof events_x, "%s.events", h.prefix);
-    snprintf(tap, sizeof tap, "%s.tap", h.prefix);
-    h_tap(&h, conn, "tap", events_x, "#");
+    const char *tap = h_tap_events(&h, conn);
     h_amqp_close(conn);
     pid_t consumer = h_spawn_consumer(
         &h, "consumer.log",
@@ -82,10 +79,7 @@ static void test_overdue_orders_cancelled_while_the_broker_is_down(void **state)
     assert_int_equal(h_node(&h, "restart"), 0);
     int64_t t_up = h_now_ms();
     /* Back: the events go out, the messages that survived are no-ops. */
-    assert_int_equal(
-        h_wait_sql(&h, 0, h_ms(30000),
-                   "SELECT count(*) FROM events WHERE published_at_ms IS NULL"),
-        0);
+    assert_int_equal(h_wait_outbox_empty(&h, h_ms(30000)), 0);
     assert_int_equal(h_stop(consumer, SIGTERM, h_ms(10000)), 0);
     conn = h_amqp_open(&h);
     size_t tap_total = 0;

@@ -118,6 +118,7 @@ void h_setup(h_ctx_t *h, const char *name, const char *classes, bool declare) {
     snprintf(h->amqp, sizeof h->amqp, "%s", url);
     snprintf(h->classes, sizeof h->classes, "%s", classes);
     snprintf(h->prefix, sizeof h->prefix, "t-%s-%d", name, (int)getpid());
+    snprintf(h->tap, sizeof h->tap, "%s.tap", h->prefix);
     snprintf(h->dir, sizeof h->dir, "/tmp/lapse-it-%s-XXXXXX", name);
     if (!mkdtemp(h->dir)) {
         die("mkdtemp: %s", strerror(errno));
@@ -577,6 +578,11 @@ int64_t h_wait_sql(h_ctx_t *h, int64_t expect, int timeout_ms, const char *sql_f
     }
 }
 
+int64_t h_wait_outbox_empty(h_ctx_t *h, int timeout_ms) {
+    return h_wait_sql(h, 0, timeout_ms,
+                      "SELECT count(*) FROM events WHERE published_at_ms IS NULL");
+}
+
 size_t h_count_lines(h_ctx_t *h, const char *file, const char *needle) {
     char path[PATH_MAX + 64];
     snprintf(path, sizeof path, "%s/%s", h->dir, file);
@@ -660,6 +666,13 @@ void h_tap(h_ctx_t *h, amqp_connection_state_t conn, const char *suffix,
     amqp_queue_bind(conn, 1, amqp_cstring_bytes(queue), amqp_cstring_bytes(exchange),
                     amqp_cstring_bytes(routing_key), amqp_empty_table);
     check_reply(conn, "tap bind");
+}
+
+const char *h_tap_events(h_ctx_t *h, amqp_connection_state_t conn) {
+    char events_x[128];
+    snprintf(events_x, sizeof events_x, "%s.events", h->prefix);
+    h_tap(h, conn, "tap", events_x, "#");
+    return h->tap;
 }
 
 static void header_str(const amqp_basic_properties_t *p, const char *key, char *buf,

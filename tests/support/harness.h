@@ -21,6 +21,7 @@ typedef struct h_ctx {
     char db_path[PATH_MAX + 16]; /* the SQLite file; "" on PostgreSQL */
     char store[PATH_MAX + 160];  /* the store URI every lapse command gets */
     char prefix[96];
+    char tap[112]; /* <prefix>.tap: the queue h_tap_events binds */
     char classes[128];
     char amqp[512];
     const char *bin;
@@ -149,6 +150,10 @@ void h_sql_exec(h_ctx_t *h, const char *sql_fmt, ...);
 /* Poll until the query equals expect or timeout_ms passes; returns the last value. */
 int64_t h_wait_sql(h_ctx_t *h, int64_t expect, int timeout_ms, const char *sql_fmt, ...);
 
+/* Poll until every outbox event is published (published_at_ms IS NULL -> 0) or
+ * timeout_ms passes; returns the events still unpublished (0: all went out). */
+int64_t h_wait_outbox_empty(h_ctx_t *h, int timeout_ms);
+
 /* Lines of <dir>/<file> that contain needle. */
 size_t h_count_lines(h_ctx_t *h, const char *file, const char *needle);
 /* Poll (every 20 ms) until at least want lines of <dir>/<file> contain needle or
@@ -164,6 +169,10 @@ void h_amqp_close(amqp_connection_state_t conn);
 /* Declare a queue named <prefix>.<suffix> bound to exchange with routing key. */
 void h_tap(h_ctx_t *h, amqp_connection_state_t conn, const char *suffix,
            const char *exchange, const char *routing_key);
+/* Declare h->tap (<prefix>.tap) bound to the events exchange (<prefix>.events) with
+ * "#": the consumers' order.cancelled events are published into it instead of coming
+ * back unroutable and staying in the outbox. Returns h->tap. */
+const char *h_tap_events(h_ctx_t *h, amqp_connection_state_t conn);
 /* basic.get every message of <queue> (acking it) until empty for idle_ms. */
 size_t h_drain(amqp_connection_state_t conn, const char *queue, int idle_ms, h_msg_cb cb,
                void *opaque);
