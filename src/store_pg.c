@@ -16,8 +16,6 @@
 #include "store_pg_map_int.h"
 
 #include "store_pg_sql.h"
-
-#define EVENT_ID_PREFIX LAPSE_EVENT_CANCELLED ":"
 /* How long a claim on unscheduled orders lasts (lapse_pending_filter_t.claim_ms is the
  * caller's; this bounds it). */
 #define CLAIM_MAX_MS (INT64_C(24) * 3600 * 1000)
@@ -352,6 +350,13 @@ static const char *arr_end(arr_t *a) {
 static void arr_free(arr_t *a) {
     free(a->b.p);
     *a = (arr_t){0};
+}
+
+/* Empty again, keeping the memory (a literal that ran out of it stays failed). */
+static void arr_reset(arr_t *a) {
+    a->b.n = 0;
+    a->n = 0;
+    buf_str(&a->b, "{");
 }
 
 static const char *int_text(char buf[32], int64_t v) {
@@ -721,18 +726,52 @@ static int first_row(const PGresult *res, int n, const char *id) {
     return lo < n && strcmp(lapse__pq.PQgetvalue(res, lo, 0), id) == 0 ? lo : n;
 }
 
+/* The parameters of one INSERT of events: a statement goes out once these hold
+ * PG_EVENTS_INSERT_BYTES. A batch's events in one statement made a consumer hold them
+ * twice at its peak, in these arrays (past malloc's mmap threshold, fresh pages each
+ * batch) and in libpq's output buffer, grown to 128 KiB for them (issue 14). */
+#define PG_EVENTS_INSERT_BYTES (24 * 1024)
+
+typedef struct ev_rows {
+    arr_t orders, bodies;
+} ev_rows_t;
+
+/* Insert the events in rows (at least one), write their seqs back into items (found
+ * through index) and empty rows for the next ones. */
+static lapse_status_t insert_events(pg_store_t *s, lapse_cancel_item_t *items, size_t n,
+                                    const by_id_t *index, ev_rows_t *rows, int64_t now,
+                                    lapse_error_t *err) {
+    char now_text[32], claim_text[32];
+    /* The canceller publishes its own events straight away (lapse_store_events_pending
+     * with their seqs); the claim keeps competing relays off them meanwhile. */
+    const char *p[4] = {arr_end(&rows->orders), arr_end(&rows->bodies),
+                        int_text(now_text, now),
+                        int_text(claim_text, now + LAPSE_STORE_EVENT_CLAIM_MS)};
+    PGresult *ins = NULL;
+    lapse_status_t rc = p[0] && p[1] ? exec_v(s, PS_EVENTS_INSERT, &ins, 4, p, err)
+                                     : nomem(err, "cancel: events");
+    for (int r = 0; rc == LAPSE_OK && r < lapse__pq.PQntuples(ins); r++) {
+        size_t k = first_of(index, n, lapse__pq.PQgetvalue(ins, r, 1));
+        if (k < n) {
+            items[index[k].i].event_seq = col_int(ins, r, 0);
+        }
+    }
+    lapse__pq.PQclear(ins);
+    arr_reset(&rows->orders);
+    arr_reset(&rows->bodies);
+    return rc;
+}
+
 /* The events of the cancelled items: bodies built from each order's holds (holds: the
- * rows HOLDS_RELEASE released, sorted by order then resource; borrowed), inserted in one
- * statement, seqs written back. */
+ * rows HOLDS_RELEASE released, sorted by order then resource; borrowed), inserted a
+ * few at a time (PG_EVENTS_INSERT_BYTES), in items' order, seqs written back. */
 static lapse_status_t record_events(pg_store_t *s, lapse_cancel_item_t *items, size_t n,
                                     const by_id_t *index, const PGresult *holds,
                                     int64_t now, lapse_error_t *err) {
-    PGresult *ins = NULL;
     lapse_status_t rc = LAPSE_OK;
-    arr_t ev_ids, ev_orders, ev_bodies;
-    arr_init(&ev_ids);
-    arr_init(&ev_orders);
-    arr_init(&ev_bodies);
+    ev_rows_t rows;
+    arr_init(&rows.orders);
+    arr_init(&rows.bodies);
     int row = 0;
     int nrows = lapse__pq.PQntuples(holds);
     for (size_t i = 0; rc == LAPSE_OK && i < n; i++) {
@@ -773,34 +812,19 @@ static lapse_status_t record_events(pg_store_t *s, lapse_cancel_item_t *items, s
             rc = nomem(err, "cancel: event body");
         }
         if (rc == LAPSE_OK) {
-            char event_id[sizeof(EVENT_ID_PREFIX) + LAPSE_ORDER_ID_MAX];
-            snprintf(event_id, sizeof event_id, "%s%s", EVENT_ID_PREFIX, it->order_id);
-            arr_text(&ev_ids, event_id);
-            arr_text(&ev_orders, it->order_id);
-            arr_text(&ev_bodies, body);
+            arr_text(&rows.orders, it->order_id);
+            arr_text(&rows.bodies, body);
+            if (rows.orders.b.n + rows.bodies.b.n >= PG_EVENTS_INSERT_BYTES) {
+                rc = insert_events(s, items, n, index, &rows, now, err);
+            }
         }
         free(body);
     }
-    char now_text[32], claim_text[32];
-    /* The canceller publishes its own events straight away (lapse_store_events_pending
-     * with their seqs); the claim keeps competing relays off them meanwhile. */
-    const char *p4[5] = {arr_end(&ev_ids), arr_end(&ev_orders), arr_end(&ev_bodies),
-                         int_text(now_text, now),
-                         int_text(claim_text, now + LAPSE_STORE_EVENT_CLAIM_MS)};
-    if (rc == LAPSE_OK && ev_ids.n > 0) {
-        rc = p4[0] && p4[1] && p4[2] ? exec_v(s, PS_EVENTS_INSERT, &ins, 5, p4, err)
-                                     : nomem(err, "cancel: events");
+    if (rc == LAPSE_OK && rows.orders.n > 0) {
+        rc = insert_events(s, items, n, index, &rows, now, err);
     }
-    for (int r = 0; rc == LAPSE_OK && ins != NULL && r < lapse__pq.PQntuples(ins); r++) {
-        size_t k = first_of(index, n, lapse__pq.PQgetvalue(ins, r, 1));
-        if (k < n) {
-            items[index[k].i].event_seq = col_int(ins, r, 0);
-        }
-    }
-    lapse__pq.PQclear(ins);
-    arr_free(&ev_ids);
-    arr_free(&ev_orders);
-    arr_free(&ev_bodies);
+    arr_free(&rows.orders);
+    arr_free(&rows.bodies);
     return rc;
 }
 

@@ -12,6 +12,11 @@
 #ifndef LAPSE_STORE_PG_SQL_H
 #define LAPSE_STORE_PG_SQL_H
 
+#include <lapse/message.h> /* LAPSE_EVENT_CANCELLED */
+
+/* An event's id is its type, a colon and the order id (EVENTS_INSERT builds it). */
+#define EVENT_ID_PREFIX LAPSE_EVENT_CANCELLED ":"
+
 #define PG_SCHEMA_VERSION 3
 #define PG_TEXT_(x)       #x
 #define PG_TEXT(x)        PG_TEXT_(x) /* PG_TEXT(PG_SCHEMA_VERSION) is "3" */
@@ -124,10 +129,11 @@ static const char PG_SCHEMA_V3[] =
                      " WHERE order_id = ANY ($1::text[]) AND released_at_ms IS NULL"     \
                      " RETURNING order_id, resource) SELECT order_id, resource FROM r"   \
                      " ORDER BY order_id, resource COLLATE \"C\"")                       \
-    X(EVENTS_INSERT, "INSERT INTO @.events (event_id, order_id, body, created_at_ms,"    \
-                     " claimed_until_ms) SELECT e, o, b, $4, $5 FROM"                    \
-                     " unnest($1::text[], $2::text[], $3::text[]) AS t (e, o, b)"        \
-                     " RETURNING seq, order_id")                                         \
+    X(EVENTS_INSERT,                                                                     \
+      "INSERT INTO @.events (event_id, order_id, body, created_at_ms,"                   \
+      " claimed_until_ms) SELECT '" EVENT_ID_PREFIX "' || o, o, b, $3, $4"               \
+      " FROM unnest($1::text[], $2::text[]) AS t (o, b)"                                 \
+      " RETURNING seq, order_id")                                                        \
     X(ORDER_COUNT, "SELECT status, count(*) FROM @.orders GROUP BY status")              \
     X(EVENTS_CLAIM, "WITH c AS (SELECT seq FROM @.events WHERE published_at_ms IS NULL"  \
                     " AND (claimed_until_ms IS NULL OR claimed_until_ms <= " NOW_MS ")"  \

@@ -667,13 +667,14 @@ static void test_cancel_same_order_twice_in_one_batch(void **state) {
     assert_int_equal(query_int(f, "SELECT count(*) FROM events"), 1);
 }
 
-/* A batch of 42 orders (one paid, one given twice) cancels 41: their events go in as
- * inserts of 32, 8 and 1 rows on SQLite. Each item's event_seq is its own event's, the
- * seqs are all different, and after every event is deleted the next one still gets a
- * seq above them all (none is given twice, as AUTOINCREMENT promises). */
+/* A batch of 202 orders (one paid, one given twice) cancels 201: their events go in as
+ * inserts of 32, 8 and 1 rows on SQLite, and in statements of at most 24 KiB of
+ * parameters on PostgreSQL (two here). Each item's event_seq is its own event's, with its
+ * id, the seqs are all different, and after every event is deleted the next one still
+ * gets a seq above them all (none is given twice, as AUTOINCREMENT promises). */
 static void test_cancel_batch_event_seqs(void **state) {
     fixture_t *f = *state;
-    enum { N = 42 };
+    enum { N = 202 };
     char ids[N][16];
     lapse_cancel_item_t items[N + 1];
     for (int i = 0; i < N; i++) {
@@ -703,8 +704,9 @@ static void test_cancel_batch_event_seqs(void **state) {
         }
         char sql[1024];
         snprintf(sql, sizeof sql,
-                 "SELECT count(*) FROM events WHERE seq = %lld AND order_id = '%s'",
-                 (long long)items[i].event_seq, ids[i]);
+                 "SELECT count(*) FROM events WHERE seq = %lld AND order_id = '%.15s'"
+                 " AND event_id = 'order.cancelled:%.15s'",
+                 (long long)items[i].event_seq, ids[i], ids[i]);
         assert_int_equal(query_int(f, sql), 1);
         max_seq = items[i].event_seq > max_seq ? items[i].event_seq : max_seq;
     }
