@@ -420,9 +420,8 @@ lapse_status_t lapse_store_prune(lapse_store_t *store, int64_t before_ms, size_t
                              events != NULL ? events : &ignored[1], err);
 }
 
-bool lapse__event_list_add(lapse__event_list_t *list, int64_t seq, const char *event_id,
-                           size_t event_id_len, const char *order_id, size_t order_id_len,
-                           const char *body, size_t body_len) {
+/* Room for one more item. */
+static bool event_list_room(lapse__event_list_t *list) {
     if (list->n == list->cap) {
         size_t cap = list->cap == 0 ? 16 : list->cap * 2;
         lapse_event_t *grown = realloc(list->items, cap * sizeof(*grown));
@@ -431,6 +430,26 @@ bool lapse__event_list_add(lapse__event_list_t *list, int64_t seq, const char *e
         }
         list->items = grown;
         list->cap = cap;
+    }
+    return true;
+}
+
+bool lapse__event_list_borrow(lapse__event_list_t *list, int64_t seq,
+                              const char *event_id, const char *order_id,
+                              const char *body) {
+    if (!event_list_room(list)) {
+        return false;
+    }
+    list->items[list->n++] = (lapse_event_t){
+        .seq = seq, .event_id = event_id, .order_id = order_id, .body = body};
+    return true;
+}
+
+bool lapse__event_list_add(lapse__event_list_t *list, int64_t seq, const char *event_id,
+                           size_t event_id_len, const char *order_id, size_t order_id_len,
+                           const char *body, size_t body_len) {
+    if (!event_list_room(list)) {
+        return false;
     }
     char *block = malloc(event_id_len + order_id_len + body_len + 3);
     if (block == NULL) {
@@ -451,8 +470,12 @@ bool lapse__event_list_add(lapse__event_list_t *list, int64_t seq, const char *e
 }
 
 void lapse__event_list_free(lapse__event_list_t *list) {
-    for (size_t i = 0; i < list->n; i++) {
-        free((char *)list->items[i].event_id);
+    if (list->owner != NULL) {
+        list->owner_free(list->owner);
+    } else {
+        for (size_t i = 0; i < list->n; i++) {
+            free((char *)list->items[i].event_id);
+        }
     }
     free(list->items);
     *list = (lapse__event_list_t){0};

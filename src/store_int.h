@@ -5,17 +5,27 @@
 
 #include <lapse/store.h>
 
-/* Unpublished outbox events copied out of a backend. Each event's strings live in one
- * block owned by event_id. */
+/* Unpublished outbox events read out of a backend. Each event's strings live either in
+ * one block owned by event_id (lapse__event_list_add), or, in a list with an owner, in
+ * the owner (lapse__event_list_borrow): the backend's own result, which
+ * lapse__event_list_free releases with owner_free. One list is filled one way only. */
 typedef struct lapse__event_list {
     lapse_event_t *items;
     size_t n, cap;
+    void *owner;
+    void (*owner_free)(void *owner);
 } lapse__event_list_t;
 
 /** Append a copy of the strings (lengths in bytes, without NUL). false: out of memory. */
 bool lapse__event_list_add(lapse__event_list_t *list, int64_t seq, const char *event_id,
                            size_t event_id_len, const char *order_id, size_t order_id_len,
                            const char *body, size_t body_len);
+/** Append an event whose NUL-terminated strings live in list->owner (set by the caller
+ *  before the first call, and freed by lapse__event_list_free even when this fails).
+ *  false: out of memory. */
+bool lapse__event_list_borrow(lapse__event_list_t *list, int64_t seq,
+                              const char *event_id, const char *order_id,
+                              const char *body);
 void lapse__event_list_free(lapse__event_list_t *list);
 
 /* Orders per page of lapse_store_pending(): the most a walk holds in memory at once. */

@@ -967,6 +967,10 @@ static lapse_status_t pg_cancel_batch(lapse_store_t *store, lapse_cancel_item_t 
 
 /* ---- the outbox ---- */
 
+static void clear_result(void *res) {
+    lapse__pq.PQclear(res);
+}
+
 static int by_seq(const void *a, const void *b) {
     int64_t x = ((const lapse_event_t *)a)->seq, y = ((const lapse_event_t *)b)->seq;
     return (x > y) - (x < y);
@@ -994,13 +998,19 @@ static lapse_status_t pg_events_pending(lapse_store_t *store, size_t limit,
                             int_text(claim, LAPSE_STORE_EVENT_CLAIM_MS)};
         rc = exec_v(s, PS_EVENTS_CLAIM, &res, 2, p, err);
     }
-    for (int r = 0; rc == LAPSE_OK && r < lapse__pq.PQntuples(res) && out->n < limit;
+    /* The events' strings stay in res, which the list owns from here on: no copy of
+     * a page of events beside the result that holds them (issue 14). */
+    if (res != NULL && out->owner == NULL) {
+        out->owner = res;
+        out->owner_free = clear_result;
+        res = NULL;
+    }
+    const PGresult *rows = out->owner;
+    for (int r = 0; rc == LAPSE_OK && r < lapse__pq.PQntuples(rows) && out->n < limit;
          r++) {
-        if (!lapse__event_list_add(
-                out, col_int(res, r, 0), lapse__pq.PQgetvalue(res, r, 1),
-                (size_t)lapse__pq.PQgetlength(res, r, 1), lapse__pq.PQgetvalue(res, r, 2),
-                (size_t)lapse__pq.PQgetlength(res, r, 2), lapse__pq.PQgetvalue(res, r, 3),
-                (size_t)lapse__pq.PQgetlength(res, r, 3))) {
+        if (!lapse__event_list_borrow(
+                out, col_int(rows, r, 0), lapse__pq.PQgetvalue(rows, r, 1),
+                lapse__pq.PQgetvalue(rows, r, 2), lapse__pq.PQgetvalue(rows, r, 3))) {
             rc = nomem(err, "reading events");
         }
     }
