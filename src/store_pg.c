@@ -1000,17 +1000,13 @@ static lapse_status_t pg_events_pending(lapse_store_t *store, size_t limit,
     }
     /* The events' strings stay in res, which the list owns from here on: no copy of
      * a page of events beside the result that holds them (issue 14). */
-    if (res != NULL && out->owner == NULL) {
-        out->owner = res;
-        out->owner_free = clear_result;
-        res = NULL;
-    }
-    const PGresult *rows = out->owner;
-    for (int r = 0; rc == LAPSE_OK && r < lapse__pq.PQntuples(rows) && out->n < limit;
+    out->owner = res; /* out comes empty (lapse_store_events_pending) */
+    out->owner_free = clear_result;
+    for (int r = 0; rc == LAPSE_OK && r < lapse__pq.PQntuples(res) && out->n < limit;
          r++) {
         if (!lapse__event_list_borrow(
-                out, col_int(rows, r, 0), lapse__pq.PQgetvalue(rows, r, 1),
-                lapse__pq.PQgetvalue(rows, r, 2), lapse__pq.PQgetvalue(rows, r, 3))) {
+                out, col_int(res, r, 0), lapse__pq.PQgetvalue(res, r, 1),
+                lapse__pq.PQgetvalue(res, r, 2), lapse__pq.PQgetvalue(res, r, 3))) {
             rc = nomem(err, "reading events");
         }
     }
@@ -1018,7 +1014,6 @@ static lapse_status_t pg_events_pending(lapse_store_t *store, size_t limit,
     if (rc == LAPSE_OK && out->n > 1) {
         qsort(out->items, out->n, sizeof(out->items[0]), by_seq);
     }
-    lapse__pq.PQclear(res);
     arr_free(&list);
     return rc;
 }
