@@ -4,13 +4,16 @@
  * broker. Prints wall and CPU time per cancelled order and how many SQLite statements
  * (sqlite3_reset: every use of a statement ends with one) and steps each order cost.
  *
- *   bench_cancel PATH [ORDERS=100000] [BATCH=500] [HOLDS=1]
+ *   bench_cancel PATH [ORDERS=100000] [BATCH=500] [HOLDS=1] [EVENTS_EVERY=0]
  *
- * PATH and its -wal and -shm files are replaced. Counting works by interposition: this
- * executable defines sqlite3_step and sqlite3_reset, which the statically linked lapse
- * calls, and forwards them to libsqlite3's. */
-#define _GNU_SOURCE
-#include <dlfcn.h>
+ * EVENTS_EVERY = K > 0 adds the consumer's outbox work: after every K batches, the events
+ * those batches wrote are read back (lapse_store_events_pending with their seqs) and
+ * marked published, as the consumer does once their confirms are in; the three parts'
+ * CPU is printed apart.
+ *
+ * PATH and its -wal and -shm files are replaced. Counting works by substitution: lapse
+ * calls libsqlite3 through its table of loaded functions (src/sqlite_api_int.h), and once
+ * the store is open this program puts counting sqlite3_step and sqlite3_reset in it. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,28 +22,22 @@
 #include <time.h>
 #include <unistd.h>
 
-#include <sqlite3.h>
-
 #include <lapse/store.h>
 
-static unsigned long long n_steps, n_resets;
+#include "sqlite_api_int.h"
 
-int sqlite3_step(sqlite3_stmt *st) {
-    static int (*real)(sqlite3_stmt *);
-    if (real == NULL) {
-        *(void **)&real = dlsym(RTLD_NEXT, "sqlite3_step");
-    }
+static unsigned long long n_steps, n_resets;
+static int (*real_step)(sqlite3_stmt *);
+static int (*real_reset)(sqlite3_stmt *);
+
+static int counting_step(sqlite3_stmt *st) {
     n_steps++;
-    return real(st);
+    return real_step(st);
 }
 
-int sqlite3_reset(sqlite3_stmt *st) {
-    static int (*real)(sqlite3_stmt *);
-    if (real == NULL) {
-        *(void **)&real = dlsym(RTLD_NEXT, "sqlite3_reset");
-    }
+static int counting_reset(sqlite3_stmt *st) {
     n_resets++;
-    return real(st);
+    return real_reset(st);
 }
 
 static double mono_s(void) {
@@ -54,6 +51,18 @@ static double cpu_s(void) {
     getrusage(RUSAGE_SELF, &ru);
     return (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
            (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
+}
+
+typedef struct owed {
+    int64_t *seqs;
+    size_t n;
+    size_t read;
+} owed_t;
+
+static int count_event(void *opaque, const lapse_event_t *ev) {
+    owed_t *o = opaque;
+    o->read += ev->body[0] != '\0';
+    return 0;
 }
 
 static int die(const char *what, const lapse_error_t *err) {
@@ -70,8 +79,10 @@ int main(int argc, char **argv) {
     size_t n = argc > 2 ? strtoul(argv[2], NULL, 10) : 100000;
     size_t batch = argc > 3 ? strtoul(argv[3], NULL, 10) : 500;
     size_t n_holds = argc > 4 ? strtoul(argv[4], NULL, 10) : 1;
-    if (n == 0 || batch == 0 || n_holds > 16) {
-        fprintf(stderr, "bench_cancel: ORDERS and BATCH > 0, HOLDS <= 16\n");
+    size_t every = argc > 5 ? strtoul(argv[5], NULL, 10) : 0;
+    if (n == 0 || batch == 0 || n_holds > 16 || every > 64) {
+        fprintf(stderr, "bench_cancel: ORDERS and BATCH > 0, HOLDS <= 16, "
+                        "EVENTS_EVERY <= 64\n");
         return 2;
     }
     char uri[4096], side[4200];
@@ -88,13 +99,18 @@ int main(int argc, char **argv) {
     if (store == NULL) {
         return die("open", &err);
     }
+    real_step = lapse__sq.sqlite3_step;
+    real_reset = lapse__sq.sqlite3_reset;
+    lapse__sq.sqlite3_step = counting_step;
+    lapse__sq.sqlite3_reset = counting_reset;
     char(*ids)[32] = calloc(batch, sizeof *ids);
     char(*holds)[16][40] = calloc(batch, sizeof *holds);
     const char *(*hold_ptrs)[16] = calloc(batch, sizeof *hold_ptrs);
     lapse_new_order_t *orders = calloc(batch, sizeof *orders);
     lapse_status_t *results = calloc(batch, sizeof *results);
     lapse_cancel_item_t *items = calloc(batch, sizeof *items);
-    if (!ids || !holds || !hold_ptrs || !orders || !results || !items) {
+    owed_t owed = {.seqs = calloc(batch * (every ? every : 1), sizeof(int64_t))};
+    if (!ids || !holds || !hold_ptrs || !orders || !results || !items || !owed.seqs) {
         fprintf(stderr, "bench_cancel: out of memory\n");
         return 1;
     }
@@ -126,7 +142,8 @@ int main(int argc, char **argv) {
     }
 
     unsigned long long steps0 = n_steps, resets0 = n_resets;
-    double wall0 = mono_s(), cpu0 = cpu_s();
+    double wall0 = mono_s(), cpu0 = cpu_s(), cpu_read = 0, cpu_mark = 0;
+    size_t batches = 0, events_read = 0;
     for (size_t done = 0; done < n; done += batch) {
         size_t k = n - done < batch ? n - done : batch;
         for (size_t i = 0; i < k; i++) {
@@ -144,9 +161,34 @@ int main(int argc, char **argv) {
                         lapse_cancel_outcome_name(items[i].outcome), items[i].event_seq);
                 return 1;
             }
+            owed.seqs[owed.n++] = items[i].event_seq;
+        }
+        if (every == 0) {
+            owed.n = 0;
+        } else if (++batches % every == 0 || done + k >= n) {
+            double t0 = cpu_s();
+            owed.read = 0;
+            if (lapse_store_events_pending(store, owed.n, owed.seqs, owed.n, count_event,
+                                           &owed, &err) != LAPSE_OK) {
+                return die("events_pending", &err);
+            }
+            double t1 = cpu_s();
+            if (lapse_store_events_mark_published(store, owed.seqs, owed.n,
+                                                  lapse_clock_now_ms(),
+                                                  &err) != LAPSE_OK) {
+                return die("events_mark_published", &err);
+            }
+            cpu_read += t1 - t0;
+            cpu_mark += cpu_s() - t1;
+            events_read += owed.read;
+            owed.n = 0;
         }
     }
     double wall = mono_s() - wall0, cpu = cpu_s() - cpu0;
+    if (every > 0 && events_read != n) {
+        fprintf(stderr, "bench_cancel: %zu events read back, want %zu\n", events_read, n);
+        return 1;
+    }
     double steps = (double)(n_steps - steps0), stmts = (double)(n_resets - resets0);
     int64_t counts[3] = {0};
     if (lapse_store_count(store, counts, &err) != LAPSE_OK ||
@@ -160,7 +202,20 @@ int main(int argc, char **argv) {
            n, batch, n_holds, wall * 1e6 / (double)n, cpu * 1e6 / (double)n,
            stmts / (double)n, steps / (double)n,
            stmts / (double)((n + batch - 1) / batch));
+    if (every > 0) {
+        printf("events_every=%zu cancel_cpu_us=%.2f read_cpu_us=%.2f mark_cpu_us=%.2f\n",
+               every, (cpu - cpu_read - cpu_mark) * 1e6 / (double)n,
+               cpu_read * 1e6 / (double)n, cpu_mark * 1e6 / (double)n);
+    }
+    int64_t unpublished = -1;
+    if (every > 0 && (lapse_store_events_count(store, &unpublished, &err) != LAPSE_OK ||
+                      unpublished != 0)) {
+        fprintf(stderr, "bench_cancel: %" PRId64 " events unpublished, want 0\n",
+                unpublished);
+        return 1;
+    }
     lapse_store_close(store);
+    free(owed.seqs);
     free(ids);
     free(holds);
     free(hold_ptrs);
