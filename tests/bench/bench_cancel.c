@@ -173,9 +173,8 @@ int main(int argc, char **argv) {
                 return die("events_pending", &err);
             }
             double t1 = cpu_s();
-            if (lapse_store_events_mark_published(store, owed.seqs, owed.n,
-                                                  lapse_clock_now_ms(),
-                                                  &err) != LAPSE_OK) {
+            if (lapse_store_events_mark_published(
+                    store, owed.seqs, owed.n, lapse_clock_now_ms(), &err) != LAPSE_OK) {
                 return die("events_mark_published", &err);
             }
             cpu_read += t1 - t0;
