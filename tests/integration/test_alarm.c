@@ -149,10 +149,7 @@ static void test_consumer_during_memory_alarm(void **state) {
     h_ctx_t h;
     h_setup(&h, "alarm-cons", "2s", true);
     amqp_connection_state_t conn = h_amqp_open(&h);
-    char events[160], tap[160];
-    snprintf(events, sizeof events, "%s.events", h.prefix);
-    snprintf(tap, sizeof tap, "%s.tap", h.prefix);
-    h_tap(&h, conn, "tap", events, "order.cancelled");
+    const char *tap = h_tap_events(&h, conn);
     const char *args[] = {"publish", "--batch", "-", NULL};
     int in = -1;
     pid_t pub = h_spawn_stdin(&h, "publish.log", args, &in);

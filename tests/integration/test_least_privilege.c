@@ -90,12 +90,10 @@ static void test_least_privilege_users_do_their_jobs(void **state) {
     role_url(&h, "consumer", cons_url, sizeof cons_url);
     role_url(&h, "operator", op_url, sizeof op_url);
     amqp_connection_state_t conn = h_amqp_open(&h);
-    char events[160], tap[160], parked[160], expired[160];
-    snprintf(events, sizeof events, "%s.events", h.prefix);
-    snprintf(tap, sizeof tap, "%s.tap", h.prefix);
+    char parked[160], expired[160];
     snprintf(parked, sizeof parked, "%s.parked", h.prefix);
     snprintf(expired, sizeof expired, "%s.expired", h.prefix);
-    h_tap(&h, conn, "tap", events, "order.cancelled");
+    const char *tap = h_tap_events(&h, conn);
 
     /* The publisher: a class's holding queue (2s) and the ladder (3s is no class). */
     snprintf(h.amqp, sizeof h.amqp, "%s", pub_url);
