@@ -262,9 +262,11 @@ static const char *const PG_MAP_SQL[PS_COUNT_] = {
                        " SELECT " NOW_MS ", l.order_id, l.status, l.deadline_ms"
                        " FROM (SELECT 1) AS one LEFT JOIN l ON true",
     [PS_ORDERS_EXIST] = "SELECT {ID}::text FROM {T} WHERE {ID} = ANY ($1::{IDT}[])",
+    /* The guard off the shop's indexes, as ORDERS_CANCEL's: an index on the status
+     * column would otherwise be walked over every pending order once per batch. */
     [PS_ORDERS_CANCEL] =
         "UPDATE {T} SET {STN} = {CANCELLED}::text::{STT}{SET_CA}"
-        " WHERE {ID} = ANY ($1::{IDT}[]) AND {ST}::text = ANY ({PENDING})"
+        " WHERE {ID} = ANY ($1::{IDT}[]) AND {ST}::text || '' = ANY ({PENDING})"
         " AND {DLMS} <= $2",
     /* The shop's on_cancel statements release what an order held (store_pg_map.c). */
     [PS_HOLDS_RELEASE] = "SELECT NULL::text, NULL::text"
