@@ -519,14 +519,11 @@ static void pg_plan(sf_conn_t *c, pg_stmt_id_t id, const char *args, plan_text_t
     print_message("%s (%s):\n%s", PG_STMT_NAME[id], args, out->text);
 }
 
-/* The hot statements of the PostgreSQL backend read through their indexes on a table of
- * realistic size (20,000 orders, most of them settled, as a store that has run for a
- * while holds, and analyzed), not by a scan of every order or event. */
-static void test_pg_plans_use_indexes(void **state) {
-    fixture_t *f = *state;
+/* A connection to the PostgreSQL store of the fixture; on SQLite the test is skipped,
+ * saying WHY. Closed with sf_close(). */
+static sf_conn_t *pg_conn_or_skip(fixture_t *f, const char *why) {
     if (f->sf.backend != SF_PG) {
-        print_message("skip on SQLite: PostgreSQL's plans (SQLite's: "
-                      "test_pending_pages_read_their_partial_index)\n");
+        print_message("skip on SQLite: %s\n", why);
         skip();
     }
     char err[1024];
@@ -534,6 +531,17 @@ static void test_pg_plans_use_indexes(void **state) {
     if (c == NULL) {
         fail_msg("%s", err);
     }
+    return c;
+}
+
+/* The hot statements of the PostgreSQL backend read through their indexes on a table of
+ * realistic size (20,000 orders, most of them settled, as a store that has run for a
+ * while holds, and analyzed), not by a scan of every order or event. */
+static void test_pg_plans_use_indexes(void **state) {
+    fixture_t *f = *state;
+    sf_conn_t *c = pg_conn_or_skip(f, "PostgreSQL's plans (SQLite's: "
+                                      "test_pending_pages_read_their_partial_index)");
+    char err[1024];
     /* 20,000 orders: 1 in 20 pending (half of those never scheduled), the rest paid or
      * cancelled; an event for each cancelled one, all but 1 in 50 published. */
     static const char fill[] =
@@ -616,16 +624,9 @@ static void test_pg_plans_use_indexes(void **state) {
  * quadratic in the backlog. */
 static void test_pg_cancel_of_a_backlog_goes_by_key(void **state) {
     fixture_t *f = *state;
-    if (f->sf.backend != SF_PG) {
-        print_message("skip on SQLite: PostgreSQL's plan (SQLite's statement keeps its "
-                      "guards off the indexes with unary +)\n");
-        skip();
-    }
+    sf_conn_t *c = pg_conn_or_skip(f, "PostgreSQL's plan (SQLite's statement keeps its "
+                                      "guards off the indexes with unary +)");
     char err[1024];
-    sf_conn_t *c = sf_connect(&f->sf, false, err, sizeof(err));
-    if (c == NULL) {
-        fail_msg("%s", err);
-    }
     /* 20,000 pending orders due in the future, analyzed; then 5,000 due ones, which
      * autovacuum would soon analyze (and the old plan would pass): not in the test. */
     static const char fill[] =
