@@ -366,6 +366,17 @@ static const char *fragment(const lapse__pg_map_t *m, const char *name, size_t l
     static const char CLASS[] =
         "CASE WHEN {ST}::text = ANY ({PENDING}) THEN 'pending' WHEN {ST}::text ="
         " {CANCELLED} THEN 'cancelled' ELSE 'paid' END";
+    /* The shop's row of lapse's bookkeeping row s, found by the shop's id so that an
+     * index on it serves: an integer id is compared as one (an int2 or int4 key serves a
+     * bigint too), and only an id written as the database writes the number (no sign
+     * but a minus, no leading zero, at most 18 digits, as lapse__pg_map_id_fits admits)
+     * is cast, so no other text can fail the statement; it matches no row, as it did
+     * when the shop's id was compared as text. (No braces in the pattern: they would be
+     * taken for placeholders.) */
+    static const char ID_IS_S_INT[] =
+        "{ID} = CASE WHEN s.order_id ~ '^(0|-?[1-9][0-9]*)$'"
+        " AND length(ltrim(s.order_id, '-')) <= 18 THEN s.order_id::bigint END";
+    static const char ID_IS_S_TEXT[] = "{ID}::text = s.order_id";
     const struct {
         const char *name;
         const char *text;
@@ -380,7 +391,8 @@ static const char *fragment(const lapse__pg_map_t *m, const char *name, size_t l
                  {"CA_MS", m->cancelled_ms},
                  {"DL", DL},
                  {"DLMS", DLMS},
-                 {"CLASS", CLASS}};
+                 {"CLASS", CLASS},
+                 {"ID_IS_S", m->id_integer ? ID_IS_S_INT : ID_IS_S_TEXT}};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         if (strlen(names[i].name) == len && strncmp(name, names[i].name, len) == 0) {
             return names[i].text;

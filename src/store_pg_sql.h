@@ -222,7 +222,8 @@ static const char *const PG_STMT_NAME[PS_COUNT_] = {
  * (aliased o), {ID} {ST} {DLC} the quoted id, status and deadline (or window start)
  * columns as o.<col>, {STN} the bare status column, {STT} its type, {IDT} the id's type,
  * {SET_CA} ", <cancelled_at> = now()" or nothing, {CA_MS} that column in ms or NULL, and
- * the derived {DL} {DLMS} {CLASS}; the values {PENDING} (text[]), {PAID}, {CANCELLED},
+ * the derived {DL} {DLMS} {CLASS} and {ID_IS_S} (the shop's row of bookkeeping row s, by
+ * an index on the shop's id); the values {PENDING} (text[]), {PAID}, {CANCELLED},
  * {WIN} (the window in ms, 0 for a deadline column) and {CURSOR} (an exact timestamptz
  * or NULL) become bound parameters numbered after the statement's own.
  */
@@ -275,9 +276,12 @@ static const char *const PG_MAP_SQL[PS_COUNT_] = {
     [PS_HOLDS_RELEASE] = "SELECT NULL::text, NULL::text"
                          " WHERE $1::text[] IS NULL AND $2::bigint IS NULL",
     [PS_ORDER_COUNT] = "SELECT {CLASS}, count(*) FROM {T} GROUP BY 1",
+    /* The shop's rows looked up by id ({ID_IS_S}): `{ID}::text = s.order_id`, which no
+     * index on an integer id serves, read every pending order of the shop (or the whole
+     * table) per round. */
     [PS_PRUNE_ORDERS] = "DELETE FROM @.scheduled WHERE order_id IN (SELECT s.order_id"
                         " FROM @.scheduled s WHERE s.deadline_ms < $1 AND NOT EXISTS"
-                        " (SELECT 1 FROM {T} WHERE {ID}::text = s.order_id"
+                        " (SELECT 1 FROM {T} WHERE {ID_IS_S}"
                         " AND {ST}::text = ANY ({PENDING})) LIMIT $2"
                         " FOR UPDATE OF s SKIP LOCKED)",
     [PS_PENDING_PAGE] = MAP_PENDING_PAGE_(""),

@@ -19,8 +19,10 @@
 
 #include <lapse/store.h>
 
+#include "pq_api_int.h"
 #include "store_fixture.h"
 #include "store_int.h"
+#include "store_pg_map_int.h"
 #include "store_pg_sql.h"
 #include "store_sqlite_sql.h"
 
@@ -489,14 +491,16 @@ static void plan_row(void *opaque, int n_cols, const char *const *values) {
     }
 }
 
-/* PostgreSQL's plan of one of the backend's statements (store_pg_sql.h, "@." being the
- * schema), prepared and explained with the given arguments: the plan the server would
- * run for them, the planner free to choose (no enable_* setting is touched). */
-static void pg_plan(sf_conn_t *c, pg_stmt_id_t id, const char *args, plan_text_t *out) {
-    char sql[4096], err[1024];
+/* PostgreSQL's plan of statement text (store_pg_sql.h's, "@." being the schema),
+ * prepared with the parameter types given ("" to let the server infer them) and
+ * explained with the given arguments: the plan the server would run for them, the
+ * planner free to choose (no enable_* setting is touched). name is for the output. */
+static void pg_plan_text(sf_conn_t *c, const char *name, const char *text,
+                         const char *types, const char *args, plan_text_t *out) {
+    char sql[8192], err[1024];
     size_t n = 0;
-    n += (size_t)snprintf(sql, sizeof(sql), "PREPARE lapse_plan AS ");
-    for (const char *p = PG_STMT_SQL[id]; *p != '\0' && n + 16 < sizeof(sql); p++) {
+    n += (size_t)snprintf(sql, sizeof(sql), "PREPARE lapse_plan %s AS ", types);
+    for (const char *p = text; *p != '\0' && n + 16 < sizeof(sql); p++) {
         if (p[0] == '@' && p[1] == '.') {
             n += (size_t)snprintf(sql + n, sizeof(sql) - n, "lapse.");
             p++;
@@ -516,7 +520,12 @@ static void pg_plan(sf_conn_t *c, pg_stmt_id_t id, const char *args, plan_text_t
     if (sf_exec(c, "DEALLOCATE lapse_plan", err, sizeof(err)) != 0) {
         fail_msg("%s", err);
     }
-    print_message("%s (%s):\n%s", PG_STMT_NAME[id], args, out->text);
+    print_message("%s (%s):\n%s", name, args, out->text);
+}
+
+/* pg_plan_text of one of the backend's own statements. */
+static void pg_plan(sf_conn_t *c, pg_stmt_id_t id, const char *args, plan_text_t *out) {
+    pg_plan_text(c, PG_STMT_NAME[id], PG_STMT_SQL[id], "", args, out);
 }
 
 /* A connection to the PostgreSQL store of the fixture; on SQLite the test is skipped,
@@ -656,6 +665,105 @@ static void test_pg_cancel_of_a_backlog_goes_by_key(void **state) {
     assert_non_null(strstr(plan.text, "orders_pkey"));
     assert_null(strstr(plan.text, "orders_pending_deadline"));
     assert_null(strstr(plan.text, "Seq Scan on orders"));
+    sf_close(c);
+}
+
+/* A shop's orders table of 40,000 orders with an integer key and an index on status, a
+ * quarter of them pending (unpaid), analyzed; lapse's bookkeeping holds a row for each,
+ * past its deadline, and three that are no id of an integer table. The map's prune of
+ * the bookkeeping keeps exactly the rows of pending orders, and finds each one's shop
+ * order by the shop's key: comparing the id as text, which no index of an integer id
+ * serves, read every pending order of the shop (or the whole table) once per round. */
+static void test_pg_map_prune_goes_by_the_shops_key(void **state) {
+    fixture_t *f = *state;
+    sf_conn_t *c = pg_conn_or_skip(f, "the orders map (PostgreSQL only)");
+    char err[1024];
+    static const char fill[] =
+        "CREATE SCHEMA shop;"
+        "CREATE TABLE shop.orders (id integer PRIMARY KEY, status text NOT NULL,"
+        " pay_deadline timestamptz NOT NULL) WITH (autovacuum_enabled = false);"
+        "CREATE INDEX ON shop.orders (status);"
+        "CREATE INDEX ON shop.orders (pay_deadline);"
+        "INSERT INTO shop.orders SELECT i,"
+        " CASE WHEN i % 4 = 0 THEN 'unpaid' ELSE 'paid' END,"
+        " now() - interval '1 day' FROM generate_series(1, 40000) AS i;"
+        "ALTER TABLE lapse.scheduled SET (autovacuum_enabled = false);"
+        "INSERT INTO lapse.scheduled (order_id, deadline_ms, created_at_ms)"
+        " SELECT i::text, 1700000000000 + i, 1690000000000"
+        " FROM generate_series(1, 40000) AS i;"
+        "INSERT INTO lapse.scheduled (order_id, deadline_ms, created_at_ms) VALUES"
+        " ('x-8', 1700000000000, 1690000000000), ('008', 1700000000000, 1690000000000),"
+        " ('99999999999999999999', 1700000000000, 1690000000000);"
+        "ANALYZE shop.orders; ANALYZE lapse.scheduled";
+    if (sf_exec(c, fill, err, sizeof(err)) != 0) {
+        fail_msg("%s", err);
+    }
+    char map_path[] = "/tmp/lapse-test-map-XXXXXX";
+    int fd = mkstemp(map_path);
+    assert_true(fd >= 0);
+    static const char map_json[] =
+        "{\"table\": \"shop.orders\", \"id\": \"id\", \"status\": \"status\","
+        " \"pending\": [\"unpaid\"], \"paid\": \"paid\", \"cancelled\": \"cancelled\","
+        " \"deadline\": \"pay_deadline\"}";
+    assert_int_equal(write(fd, map_json, strlen(map_json)), (ssize_t)strlen(map_json));
+    close(fd);
+
+    /* The plan of a round, the statement as the map makes it. */
+    lapse_error_t lerr;
+    assert_int_equal(lapse__pq_load(&lerr), LAPSE_OK);
+    const char *const keys[] = {"dbname", NULL};
+    const char *const values[] = {f->sf.conninfo, NULL};
+    PGconn *conn = lapse__pq.PQconnectdbParams(keys, values, 1);
+    assert_int_equal(lapse__pq.PQstatus(conn), CONNECTION_OK);
+    lapse_status_t rc;
+    lapse__pg_map_t *m = lapse__pg_map_open(conn, map_path, &rc, &lerr);
+    if (m == NULL) {
+        fail_msg("%s", lerr.text);
+    }
+    char *prune = lapse__pg_map_expand(m, PG_MAP_SQL[PS_PRUNE_ORDERS], 2);
+    assert_non_null(prune);
+    plan_text_t plan;
+    pg_plan_text(c, "PRUNE_ORDERS (orders map)", prune,
+                 "(bigint, bigint, text[], text, text, bigint, timestamptz)",
+                 "1800000000000, 1000, '{unpaid}', 'paid', 'cancelled', 0, NULL", &plan);
+    free(prune);
+    lapse__pg_map_free(m);
+    lapse__pq.PQfinish(conn);
+    assert_non_null(strstr(plan.text, "Index Scan using orders_pkey on orders o"));
+    assert_null(strstr(plan.text, "orders_status_idx"));
+    assert_null(strstr(plan.text, "Seq Scan on orders o"));
+
+    /* The prune itself, in rounds of 1000, through a store on the map. */
+    lapse_store_options_t opts;
+    lapse_store_options_init(&opts);
+    opts.orders_map = map_path;
+    lapse_store_t *store = lapse_store_open_opts(f->uri, &opts, &rc, &lerr);
+    if (store == NULL) {
+        fail_msg("%s", lerr.text);
+    }
+    int64_t pruned = 0, orders = 0, events = 0;
+    int rounds = 0;
+    do {
+        assert_int_equal(lapse_store_prune(store, INT64_C(1800000000000), 1000, &orders,
+                                           &events, &lerr),
+                         LAPSE_OK);
+        pruned += orders;
+        rounds++;
+    } while (orders > 0 && rounds < 100);
+    lapse_store_close(store);
+    unlink(map_path);
+    assert_int_equal(pruned, 30003);
+    int64_t n = -1;
+    assert_int_equal(
+        sf_query_int(c, "SELECT count(*) FROM lapse.scheduled", &n, err, sizeof(err)), 0);
+    assert_int_equal(n, 10000);
+    assert_int_equal(
+        sf_query_int(c,
+                     "SELECT count(*) FROM lapse.scheduled s JOIN shop.orders"
+                     " o ON o.id::text = s.order_id AND o.status = 'unpaid'",
+                     &n, err, sizeof(err)),
+        0);
+    assert_int_equal(n, 10000);
     sf_close(c);
 }
 
@@ -931,6 +1039,7 @@ int main(void) {
         T(test_pending_pages_read_their_partial_index),
         T(test_pg_plans_use_indexes),
         T(test_pg_cancel_of_a_backlog_goes_by_key),
+        T(test_pg_map_prune_goes_by_the_shops_key),
         cmocka_unit_test_setup_teardown(test_open_upgrades_a_version_1_file, setup_dir,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_open_upgrades_a_version_4_file, setup_dir,
