@@ -276,13 +276,14 @@ static const char *const PG_MAP_SQL[PS_COUNT_] = {
     [PS_HOLDS_RELEASE] = "SELECT NULL::text, NULL::text"
                          " WHERE $1::text[] IS NULL AND $2::bigint IS NULL",
     [PS_ORDER_COUNT] = "SELECT {CLASS}, count(*) FROM {T} GROUP BY 1",
-    /* The shop's rows looked up by id ({ID_IS_S}): `{ID}::text = s.order_id`, which no
-     * index on an integer id serves, read every pending order of the shop (or the whole
-     * table) per round. */
+    /* The shop's rows looked up by id ({ID_IS_S}), the status guard off the shop's
+     * indexes as ORDERS_CANCEL's: `{ID}::text = s.order_id`, which no index on an
+     * integer id serves, read every pending order of the shop (or the whole table) per
+     * round, and so did an index on status where statistics said few are pending. */
     [PS_PRUNE_ORDERS] = "DELETE FROM @.scheduled WHERE order_id IN (SELECT s.order_id"
                         " FROM @.scheduled s WHERE s.deadline_ms < $1 AND NOT EXISTS"
                         " (SELECT 1 FROM {T} WHERE {ID_IS_S}"
-                        " AND {ST}::text = ANY ({PENDING})) LIMIT $2"
+                        " AND {ST}::text || '' = ANY ({PENDING})) LIMIT $2"
                         " FOR UPDATE OF s SKIP LOCKED)",
     [PS_PENDING_PAGE] = MAP_PENDING_PAGE_(""),
     [PS_UNSCHEDULED_PAGE] = MAP_PENDING_PAGE_(" AND coalesce(s.scheduled, 0) = 0"),

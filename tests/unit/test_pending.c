@@ -668,13 +668,39 @@ static void test_pg_cancel_of_a_backlog_goes_by_key(void **state) {
     sf_close(c);
 }
 
-/* A shop's orders table of 40,000 orders with an integer key and an index on status, a
- * quarter of them pending (unpaid), analyzed; lapse's bookkeeping holds a row for each,
- * past its deadline, and three that are no id of an integer table. The map's prune of
- * the bookkeeping keeps exactly the rows of pending orders, and finds each one's shop
- * order by the shop's key: comparing the id as text, which no index of an integer id
- * serves, read every pending order of the shop (or the whole table) once per round. */
-static void test_pg_map_prune_goes_by_the_shops_key(void **state) {
+/* pg_plan_text of one of the backend's statements as the orders map m makes it (the
+ * statement's own parameters own_types and own_args, then the map's values: pending
+ * 'unpaid', paid 'paid', cancelled 'cancelled', no window, no cursor). */
+static void pg_map_plan(sf_conn_t *c, const lapse__pg_map_t *m, pg_stmt_id_t id,
+                        const char *own_types, const char *own_args, plan_text_t *out) {
+    int n_own = 0; /* as store_pg.c counts them */
+    for (const char *p = strchr(PG_STMT_SQL[id], '$'); p != NULL;
+         p = strchr(p + 1, '$')) {
+        int k = atoi(p + 1);
+        n_own = k > n_own ? k : n_own;
+    }
+    char *text = lapse__pg_map_expand(m, PG_MAP_SQL[id], n_own);
+    assert_non_null(text);
+    char types[256], args[4096], name[64];
+    snprintf(types, sizeof(types), "(%s, text[], text, text, bigint, timestamptz)",
+             own_types);
+    snprintf(args, sizeof(args), "%s, '{unpaid}', 'paid', 'cancelled', 0, NULL",
+             own_args);
+    snprintf(name, sizeof(name), "%s (orders map)", PG_STMT_NAME[id]);
+    pg_plan_text(c, name, text, types, args, out);
+    free(text);
+}
+
+/* The orders map's statements over a set of the shop's orders find them by the shop's
+ * key, with an index on the shop's status column and statistics that say hardly any
+ * order is pending (a shop of 30,000 paid orders analyzed, then a backlog of 10,000
+ * unpaid ones past their deadline, as after an outage): reading the status index
+ * instead walked every pending order once per batch (dc4a94d, 06b6e50), and the prune,
+ * which compared the id as text, read them all once per round. The prune of lapse's
+ * bookkeeping (a row for each of the 40,000 orders, and three that are no id of an
+ * integer table) then keeps exactly the rows of the pending orders. The key is an int4,
+ * so the statements compare across integer types too. */
+static void test_pg_map_statements_go_by_the_shops_key(void **state) {
     fixture_t *f = *state;
     sf_conn_t *c = pg_conn_or_skip(f, "the orders map (PostgreSQL only)");
     char err[1024];
@@ -684,9 +710,11 @@ static void test_pg_map_prune_goes_by_the_shops_key(void **state) {
         " pay_deadline timestamptz NOT NULL) WITH (autovacuum_enabled = false);"
         "CREATE INDEX ON shop.orders (status);"
         "CREATE INDEX ON shop.orders (pay_deadline);"
-        "INSERT INTO shop.orders SELECT i,"
-        " CASE WHEN i % 4 = 0 THEN 'unpaid' ELSE 'paid' END,"
-        " now() - interval '1 day' FROM generate_series(1, 40000) AS i;"
+        "INSERT INTO shop.orders SELECT i, 'paid', now() - interval '1 day'"
+        " FROM generate_series(1, 30000) AS i;"
+        "ANALYZE shop.orders;"
+        "INSERT INTO shop.orders SELECT i, 'unpaid', now() - interval '1 day'"
+        " FROM generate_series(30001, 40000) AS i;"
         "ALTER TABLE lapse.scheduled SET (autovacuum_enabled = false);"
         "INSERT INTO lapse.scheduled (order_id, deadline_ms, created_at_ms)"
         " SELECT i::text, 1700000000000 + i, 1690000000000"
@@ -694,7 +722,7 @@ static void test_pg_map_prune_goes_by_the_shops_key(void **state) {
         "INSERT INTO lapse.scheduled (order_id, deadline_ms, created_at_ms) VALUES"
         " ('x-8', 1700000000000, 1690000000000), ('008', 1700000000000, 1690000000000),"
         " ('99999999999999999999', 1700000000000, 1690000000000);"
-        "ANALYZE shop.orders; ANALYZE lapse.scheduled";
+        "ANALYZE lapse.scheduled";
     if (sf_exec(c, fill, err, sizeof(err)) != 0) {
         fail_msg("%s", err);
     }
@@ -708,7 +736,7 @@ static void test_pg_map_prune_goes_by_the_shops_key(void **state) {
     assert_int_equal(write(fd, map_json, strlen(map_json)), (ssize_t)strlen(map_json));
     close(fd);
 
-    /* The plan of a round, the statement as the map makes it. */
+    /* The plans, the statements as the map makes them. */
     lapse_error_t lerr;
     assert_int_equal(lapse__pq_load(&lerr), LAPSE_OK);
     const char *const keys[] = {"dbname", NULL};
@@ -720,18 +748,36 @@ static void test_pg_map_prune_goes_by_the_shops_key(void **state) {
     if (m == NULL) {
         fail_msg("%s", lerr.text);
     }
-    char *prune = lapse__pg_map_expand(m, PG_MAP_SQL[PS_PRUNE_ORDERS], 2);
-    assert_non_null(prune);
+    /* A batch of 20 of the backlog: its ids, and (for the publisher's check) their
+     * deadlines and creation times. */
+    char ids[400] = "'{", nums[400] = "'{";
+    size_t len = strlen(ids), nlen = strlen(nums);
+    for (int i = 1; i <= 20; i++) {
+        len += (size_t)snprintf(ids + len, sizeof(ids) - len, "%s%d", i > 1 ? "," : "",
+                                30000 + i * 7);
+        nlen += (size_t)snprintf(nums + nlen, sizeof(nums) - nlen, "%s%d",
+                                 i > 1 ? "," : "", 1700000000 + i);
+    }
+    snprintf(ids + len, sizeof(ids) - len, "}'");
+    snprintf(nums + nlen, sizeof(nums) - nlen, "}'");
+    char args[1200];
     plan_text_t plan;
-    pg_plan_text(c, "PRUNE_ORDERS (orders map)", prune,
-                 "(bigint, bigint, text[], text, text, bigint, timestamptz)",
-                 "1800000000000, 1000, '{unpaid}', 'paid', 'cancelled', 0, NULL", &plan);
-    free(prune);
-    lapse__pg_map_free(m);
-    lapse__pq.PQfinish(conn);
-    assert_non_null(strstr(plan.text, "Index Scan using orders_pkey on orders o"));
+    snprintf(args, sizeof(args), "%s, 1800000000000", ids);
+    pg_map_plan(c, m, PS_ORDERS_CANCEL, "text[], bigint", args, &plan);
+    assert_non_null(strstr(plan.text, "using orders_pkey on orders o"));
     assert_null(strstr(plan.text, "orders_status_idx"));
     assert_null(strstr(plan.text, "Seq Scan on orders o"));
+    snprintf(args, sizeof(args), "%s, %s, %s", ids, nums, nums);
+    pg_map_plan(c, m, PS_ORDERS_INSERT, "text[], bigint[], bigint[]", args, &plan);
+    assert_non_null(strstr(plan.text, "using orders_pkey on orders o"));
+    assert_null(strstr(plan.text, "orders_status_idx"));
+    assert_null(strstr(plan.text, "Seq Scan on orders o"));
+    pg_map_plan(c, m, PS_PRUNE_ORDERS, "bigint, bigint", "1800000000000, 1000", &plan);
+    assert_non_null(strstr(plan.text, "using orders_pkey on orders o"));
+    assert_null(strstr(plan.text, "orders_status_idx"));
+    assert_null(strstr(plan.text, "Seq Scan on orders o"));
+    lapse__pg_map_free(m);
+    lapse__pq.PQfinish(conn);
 
     /* The prune itself, in rounds of 1000, through a store on the map. */
     lapse_store_options_t opts;
@@ -1039,7 +1085,7 @@ int main(void) {
         T(test_pending_pages_read_their_partial_index),
         T(test_pg_plans_use_indexes),
         T(test_pg_cancel_of_a_backlog_goes_by_key),
-        T(test_pg_map_prune_goes_by_the_shops_key),
+        T(test_pg_map_statements_go_by_the_shops_key),
         cmocka_unit_test_setup_teardown(test_open_upgrades_a_version_1_file, setup_dir,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_open_upgrades_a_version_4_file, setup_dir,
