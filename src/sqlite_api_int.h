@@ -36,7 +36,9 @@
     X(a, sqlite3_prepare_v2)                                                             \
     X(a, sqlite3_prepare_v3)                                                             \
     X(a, sqlite3_reset)                                                                  \
-    X(a, sqlite3_step)
+    X(a, sqlite3_step)                                                                   \
+    X(a, sqlite3_vfs_find)                                                               \
+    X(a, sqlite3_vfs_register)
 
 typedef struct lapse__sqlite_api {
     LAPSE__SQLITE_SYMS(LAPSE__DYNSYM_FIELD, _)

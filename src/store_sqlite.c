@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "sqlite_api_int.h"
+#include "sqlite_vfs_int.h"
 #include "store_int.h"
 
 #include "store_sqlite_sql.h"
@@ -1241,7 +1242,7 @@ lapse_store_t *lapse__store_sqlite_open(const char *path, unsigned open_flags,
      * a store removed since the check above is still not created. */
     int flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX |
                 (must_exist ? 0 : SQLITE_OPEN_CREATE);
-    int src = lapse__sq.sqlite3_open_v2(path, &s->db, flags, NULL);
+    int src = lapse__sq.sqlite3_open_v2(path, &s->db, flags, lapse__sqlite_vfs());
     if (src != SQLITE_OK && must_exist && (src & 0xff) == SQLITE_CANTOPEN &&
         stat(path, &st) != 0 && errno == ENOENT) {
         *rc = missing(path, err);

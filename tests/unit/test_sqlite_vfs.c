@@ -1,0 +1,236 @@
+/* SPDX-License-Identifier: MIT
+ * The SQLite store's VFS (src/sqlite_vfs.c): the writes of a WAL commit reach the file
+ * in a few calls instead of two per frame, every one of them before the WAL is synced,
+ * and the file SQLite's own default VFS then reads holds exactly what the store wrote.
+ * The test puts a counting VFS of its own under lapse's: registered as the default
+ * before the first store opens, it is the one lapse's wraps. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <lapse/store.h>
+
+#include "sqlite_api_int.h"
+#include "sqlite_vfs_int.h"
+
+/* ---- the counting VFS: unix, with the WAL file's writes and syncs counted ---- */
+
+typedef struct count_file {
+    sqlite3_file base;
+    sqlite3_file *real;
+    int is_wal;
+} count_file_t;
+
+static sqlite3_vfs *unix_vfs;
+static struct {
+    int writes;               /* xWrite calls on WAL files */
+    int64_t bytes;            /* bytes they wrote */
+    int syncs;                /* xSync calls on WAL files */
+    int64_t end;              /* the furthest byte written to the WAL so far */
+    int64_t end_at_last_sync; /* end when the WAL was last synced */
+} seen;
+
+#define REAL(f) (((count_file_t *)(f))->real)
+
+static int c_close(sqlite3_file *f) {
+    return REAL(f)->pMethods->xClose(REAL(f));
+}
+static int c_read(sqlite3_file *f, void *p, int n, sqlite3_int64 off) {
+    return REAL(f)->pMethods->xRead(REAL(f), p, n, off);
+}
+static int c_write(sqlite3_file *f, const void *p, int n, sqlite3_int64 off) {
+    if (((count_file_t *)f)->is_wal) {
+        seen.writes++;
+        seen.bytes += n;
+        if (off + n > seen.end) {
+            seen.end = off + n;
+        }
+    }
+    return REAL(f)->pMethods->xWrite(REAL(f), p, n, off);
+}
+static int c_truncate(sqlite3_file *f, sqlite3_int64 size) {
+    return REAL(f)->pMethods->xTruncate(REAL(f), size);
+}
+static int c_sync(sqlite3_file *f, int flags) {
+    if (((count_file_t *)f)->is_wal) {
+        seen.syncs++;
+        seen.end_at_last_sync = seen.end;
+    }
+    return REAL(f)->pMethods->xSync(REAL(f), flags);
+}
+static int c_file_size(sqlite3_file *f, sqlite3_int64 *size) {
+    return REAL(f)->pMethods->xFileSize(REAL(f), size);
+}
+static int c_lock(sqlite3_file *f, int level) {
+    return REAL(f)->pMethods->xLock(REAL(f), level);
+}
+static int c_unlock(sqlite3_file *f, int level) {
+    return REAL(f)->pMethods->xUnlock(REAL(f), level);
+}
+static int c_reserved(sqlite3_file *f, int *out) {
+    return REAL(f)->pMethods->xCheckReservedLock(REAL(f), out);
+}
+static int c_fcntl(sqlite3_file *f, int op, void *arg) {
+    return REAL(f)->pMethods->xFileControl(REAL(f), op, arg);
+}
+static int c_sector(sqlite3_file *f) {
+    return REAL(f)->pMethods->xSectorSize(REAL(f));
+}
+static int c_device(sqlite3_file *f) {
+    return REAL(f)->pMethods->xDeviceCharacteristics(REAL(f));
+}
+static int c_shm_map(sqlite3_file *f, int pg, int sz, int ext, void volatile **p) {
+    return REAL(f)->pMethods->xShmMap(REAL(f), pg, sz, ext, p);
+}
+static int c_shm_lock(sqlite3_file *f, int off, int n, int flags) {
+    return REAL(f)->pMethods->xShmLock(REAL(f), off, n, flags);
+}
+static void c_shm_barrier(sqlite3_file *f) {
+    REAL(f)->pMethods->xShmBarrier(REAL(f));
+}
+static int c_shm_unmap(sqlite3_file *f, int del) {
+    return REAL(f)->pMethods->xShmUnmap(REAL(f), del);
+}
+static int c_fetch(sqlite3_file *f, sqlite3_int64 off, int n, void **p) {
+    return REAL(f)->pMethods->xFetch(REAL(f), off, n, p);
+}
+static int c_unfetch(sqlite3_file *f, sqlite3_int64 off, void *p) {
+    return REAL(f)->pMethods->xUnfetch(REAL(f), off, p);
+}
+
+static const sqlite3_io_methods count_io = {
+    3,          c_close,       c_read,      c_write, c_truncate, c_sync,   c_file_size,
+    c_lock,     c_unlock,      c_reserved,  c_fcntl, c_sector,   c_device, c_shm_map,
+    c_shm_lock, c_shm_barrier, c_shm_unmap, c_fetch, c_unfetch};
+
+static int c_open(sqlite3_vfs *vfs, const char *name, sqlite3_file *f, int flags,
+                  int *out) {
+    (void)vfs;
+    count_file_t *c = (count_file_t *)f;
+    c->real = (sqlite3_file *)(c + 1);
+    c->is_wal = (flags & SQLITE_OPEN_WAL) != 0;
+    f->pMethods = NULL;
+    int rc = unix_vfs->xOpen(unix_vfs, name, c->real, flags, out);
+    if (rc == SQLITE_OK) {
+        f->pMethods = &count_io;
+    }
+    return rc;
+}
+
+static sqlite3_vfs count_vfs;
+
+static void install_counting_vfs(void) {
+    lapse_error_t err;
+    assert_int_equal(lapse__sqlite_load(&err), LAPSE_OK);
+    unix_vfs = sqlite3_vfs_find("unix");
+    assert_non_null(unix_vfs);
+    count_vfs = *unix_vfs;
+    count_vfs.pNext = NULL;
+    count_vfs.zName = "lapse-test-count";
+    count_vfs.szOsFile = (int)sizeof(count_file_t) + unix_vfs->szOsFile;
+    count_vfs.xOpen = c_open;
+    assert_int_equal(sqlite3_vfs_register(&count_vfs, 1), SQLITE_OK);
+}
+
+/* ---- the test ---- */
+
+#define N 2000
+
+static void test_a_commit_is_a_few_writes_all_before_the_sync(void **state) {
+    (void)state;
+    install_counting_vfs();
+    assert_string_equal(lapse__sqlite_vfs(), LAPSE__SQLITE_VFS);
+
+    char dir[] = "/tmp/lapse-test-vfs-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char path[sizeof dir + 16], uri[sizeof path + 8], wal[sizeof path + 8];
+    snprintf(path, sizeof path, "%s/store.db", dir);
+    snprintf(uri, sizeof uri, "sqlite:%s", path);
+    snprintf(wal, sizeof wal, "%s-wal", path);
+    lapse_status_t rc;
+    lapse_error_t err;
+    lapse_store_t *store = lapse_store_open(uri, &rc, &err);
+    assert_non_null(store);
+
+    /* N orders in one transaction, due at once; then all of them cancelled in one. */
+    static char ids[N][16];
+    static lapse_new_order_t orders[N];
+    static lapse_status_t results[N];
+    static lapse_cancel_item_t items[N];
+    for (int i = 0; i < N; i++) {
+        snprintf(ids[i], sizeof ids[i], "vfs-%05d", i);
+        orders[i] = (lapse_new_order_t){.order_id = ids[i],
+                                        .deadline_ms = INT64_C(1800000000000) + i,
+                                        .created_at_ms = INT64_C(1790000000000)};
+        items[i] = (lapse_cancel_item_t){.order_id = ids[i]};
+    }
+    memset(&seen, 0, sizeof seen);
+    assert_int_equal(lapse_store_insert_orders(store, orders, N, results, &err),
+                     LAPSE_OK);
+    for (int i = 0; i < N; i++) {
+        assert_int_equal(results[i], LAPSE_OK);
+    }
+    assert_int_equal(
+        lapse_store_cancel_batch(store, items, N, INT64_C(1800000010000), &err),
+        LAPSE_OK);
+    for (int i = 0; i < N; i++) {
+        assert_int_equal(items[i].outcome, LAPSE_CANCEL_DONE);
+    }
+    /* The two commits wrote many frames (a page and a 24-byte header each, written as
+     * two calls by SQLite), in few calls: a frame is about 4 KiB. */
+    int64_t frames = seen.bytes / (4096 + 24);
+    print_message("WAL: %lld bytes (%lld frames) in %d writes, %d syncs\n",
+                  (long long)seen.bytes, (long long)frames, seen.writes, seen.syncs);
+    assert_true(frames >= 40);
+    assert_true(seen.writes * 5 < frames);
+    assert_true(seen.syncs >= 2);
+    /* Every byte of the WAL was written before its last sync: nothing of a commit was
+     * still gathered when SQLite was told it was on disk. */
+    struct stat st;
+    assert_int_equal(stat(wal, &st), 0);
+    assert_int_equal(seen.end_at_last_sync, seen.end);
+    assert_int_equal((int64_t)st.st_size, seen.end);
+
+    /* What SQLite's default VFS reads, while the store is still open (its WAL not
+     * checkpointed): every order cancelled, the file sound. */
+    sqlite3 *db = NULL;
+    assert_int_equal(sqlite3_open_v2(path, &db, SQLITE_OPEN_READONLY, "unix"), SQLITE_OK);
+    sqlite3_stmt *q = NULL;
+    assert_int_equal(
+        sqlite3_prepare_v2(db,
+                           "SELECT (SELECT count(*) FROM orders WHERE status ="
+                           " 'cancelled'), (SELECT count(*) FROM events),"
+                           " (SELECT integrity_check FROM pragma_integrity_check)",
+                           -1, &q, NULL),
+        SQLITE_OK);
+    assert_int_equal(sqlite3_step(q), SQLITE_ROW);
+    assert_int_equal(sqlite3_column_int(q, 0), N);
+    assert_int_equal(sqlite3_column_int(q, 1), N);
+    assert_string_equal((const char *)sqlite3_column_text(q, 2), "ok");
+    sqlite3_finalize(q);
+    sqlite3_close(db);
+
+    lapse_store_close(store);
+    unlink(wal);
+    char shm[sizeof path + 8];
+    snprintf(shm, sizeof shm, "%s-shm", path);
+    unlink(shm);
+    unlink(path);
+    rmdir(dir);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_a_commit_is_a_few_writes_all_before_the_sync),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
