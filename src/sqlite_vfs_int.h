@@ -7,9 +7,12 @@
  * 45 frames was 90 system calls; on this project's paravirtualized machines a pwrite
  * costs about 1.5 us of CPU whatever its size (issue 14). Nothing is held across a
  * commit: with synchronous = FULL every commit syncs the WAL, and the sync writes what
- * was gathered first; frames gathered and lost in a crash were never committed, as if
- * the crash had come before SQLite wrote them. Other processes (the sqlite3 shell, a
- * second lapse) see the same files and locks as with the default VFS. */
+ * was gathered first, before SQLite publishes the commit in the WAL index (the store
+ * opens every connection with FULL; NORMAL would publish commits whose frames may still
+ * be gathered, so it must not be used with this VFS); frames gathered and lost in a crash
+ * were never committed, as if the crash had come before SQLite wrote them. Other
+ * processes (the sqlite3 shell, a second lapse) see the same files and locks as with the
+ * default VFS. */
 #ifndef LAPSE_SQLITE_VFS_INT_H
 #define LAPSE_SQLITE_VFS_INT_H
 

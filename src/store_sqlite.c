@@ -1256,7 +1256,10 @@ lapse_store_t *lapse__store_sqlite_open(const char *path, unsigned open_flags,
     }
     lapse__sq.sqlite3_extended_result_codes(s->db, 1);
     lapse__sq.sqlite3_busy_timeout(s->db, BUSY_TIMEOUT_MS);
-    /* FULL: a commit survives power loss too. With NORMAL, WAL mode may roll back the
+    /* FULL: a commit survives power loss too. sqlite_vfs.c relies on it: a WAL commit
+     * is synced, and the sync writes the frames it gathered, before SQLite publishes
+     * the commit in the WAL index (with NORMAL another connection could read frames
+     * still in the gathering buffer). With NORMAL, WAL mode may roll back the
      * last commits after an OS crash, and a payment the caller was told succeeded could
      * come back pending and then be cancelled (law 2). Batched writers pay one fsync per
      * batch, not per order. temp_store = MEMORY: a batch statement that changes many
