@@ -25,6 +25,7 @@
     X(a, sqlite3_column_int64)                                                           \
     X(a, sqlite3_column_text)                                                            \
     X(a, sqlite3_column_type)                                                            \
+    X(a, sqlite3_database_file_object)                                                   \
     X(a, sqlite3_db_filename)                                                            \
     X(a, sqlite3_errmsg)                                                                 \
     X(a, sqlite3_errstr)                                                                 \

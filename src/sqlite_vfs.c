@@ -13,31 +13,53 @@
  * larger buffer would save a few more system calls for more resident memory. */
 #define GATHER_MAX (64 * 1024)
 
+/* A main database file or a WAL file. Only a WAL file gathers; a database file passes
+ * everything on and, before the WAL's write lock is released through it, has its WAL
+ * file write what it gathered (g_shm_lock). */
 typedef struct gather_file {
     sqlite3_file base;  /* pMethods: &gather_io, or NULL when the open failed */
-    sqlite3_file *real; /* the default VFS's file, in the same allocation, after this */
-    unsigned char *buf; /* NULL until the first gathered write; GATHER_MAX bytes */
-    size_t len;         /* bytes gathered, to be written at off */
+    sqlite3_file *real; /* the default VFS's file, in the same allocation, after */
+    bool is_wal;
+    struct gather_file *link; /* a database file's WAL file, a WAL file's database
+                                 file, while both are open; or NULL */
+    unsigned char *buf;       /* WAL: NULL until the first gathered write; GATHER_MAX */
+    size_t len;               /* bytes gathered, to be written at off */
     sqlite3_int64 off;
 } gather_file_t;
 
+static const sqlite3_io_methods gather_io;
 static sqlite3_vfs *base_vfs; /* SQLite's default VFS, set once at registration */
 
-/* Write what is gathered. On failure it is dropped all the same: the error reaches
- * SQLite through the call that asked for the flush (a sync, a read, ...), which fails
- * the transaction, and SQLite writes its frames again if it tries again. */
+/* Write what is gathered. On failure it stays gathered and the error goes to the call
+ * that asked (a sync, a read, ...): no commit succeeds before it is written, since the
+ * commit's sync asks again. */
 static int flush(gather_file_t *g) {
     if (g->len == 0) {
         return SQLITE_OK;
     }
     int rc = g->real->pMethods->xWrite(g->real, g->buf, (int)g->len, g->off);
+    if (rc == SQLITE_OK) {
+        g->len = 0;
+    }
+    return rc;
+}
+
+/* Write what is gathered, or drop it when that fails: for the moments after which
+ * SQLite has no use for frames not yet committed (the write lock released, the file
+ * closed). A committed frame is never among them: its commit's sync wrote it. */
+static int flush_or_drop(gather_file_t *g) {
+    int rc = flush(g);
     g->len = 0;
     return rc;
 }
 
 static int g_close(sqlite3_file *f) {
     gather_file_t *g = (gather_file_t *)f;
-    int rc = flush(g);
+    int rc = flush_or_drop(g);
+    if (g->link != NULL) {
+        g->link->link = NULL;
+        g->link = NULL;
+    }
     int rc2 = g->real->pMethods->xClose(g->real);
     free(g->buf);
     g->buf = NULL;
@@ -52,6 +74,9 @@ static int g_read(sqlite3_file *f, void *p, int n, sqlite3_int64 off) {
 
 static int g_write(sqlite3_file *f, const void *p, int n, sqlite3_int64 off) {
     gather_file_t *g = (gather_file_t *)f;
+    if (!g->is_wal) {
+        return g->real->pMethods->xWrite(g->real, p, n, off);
+    }
     /* Only a write that continues the gathered bytes joins them. */
     if (g->len > 0 &&
         (off != g->off + (sqlite3_int64)g->len || g->len + (size_t)n > GATHER_MAX)) {
@@ -99,9 +124,7 @@ static int g_lock(sqlite3_file *f, int level) {
 
 static int g_unlock(sqlite3_file *f, int level) {
     gather_file_t *g = (gather_file_t *)f;
-    int rc = flush(g);
-    int rc2 = g->real->pMethods->xUnlock(g->real, level);
-    return rc != SQLITE_OK ? rc : rc2;
+    return g->real->pMethods->xUnlock(g->real, level);
 }
 
 static int g_check_reserved(sqlite3_file *f, int *out) {
@@ -130,8 +153,16 @@ static int g_shm_map(sqlite3_file *f, int page, int size, int extend, void volat
     return g->real->pMethods->xShmMap(g->real, page, size, extend, p);
 }
 
+/* The WAL's write lock is lock 0 of the database file's shared memory (wal.c's
+ * WAL_WRITE_LOCK). Before it is released, all its holder wrote to the WAL is on the
+ * file, as with the default VFS: frames that a transaction spilled (SQLite writes pages
+ * of a large transaction before its commit) and then rolled back must not be written
+ * later, over the frames the next writer committed at the same offsets. */
 static int g_shm_lock(sqlite3_file *f, int offset, int n, int flags) {
     gather_file_t *g = (gather_file_t *)f;
+    if ((flags & SQLITE_SHM_UNLOCK) != 0 && offset == 0 && g->link != NULL) {
+        flush_or_drop(g->link);
+    }
     return g->real->pMethods->xShmLock(g->real, offset, n, flags);
 }
 
@@ -180,28 +211,47 @@ static const sqlite3_io_methods gather_io = {
     .xUnfetch = g_unfetch,
 };
 
-/* A WAL file is wrapped; every other file is the default VFS's own, its methods
- * untouched (the wrapper's room in the allocation unused). */
+/* A main database file and a WAL file are wrapped; every other file is the default
+ * VFS's own, its methods untouched (the wrapper's room in the allocation unused). A WAL
+ * file gathers only when its database file is wrapped (so that the release of the write
+ * lock reaches it) and when the device may overwrite a sector's neighbour without harm
+ * (SQLITE_IOCAP_POWERSAFE_OVERWRITE, the default: with psow=0 SQLite pads a commit to a
+ * sector and syncs in the middle of its last frame, which must be on the file then). */
 static int v_open(sqlite3_vfs *vfs, const char *name, sqlite3_file *f, int flags,
                   int *out_flags) {
     (void)vfs;
     gather_file_t *g = (gather_file_t *)f;
-    if ((flags & SQLITE_OPEN_WAL) == 0) {
+    bool is_wal = (flags & SQLITE_OPEN_WAL) != 0;
+    if (!is_wal && (flags & SQLITE_OPEN_MAIN_DB) == 0) {
         return base_vfs->xOpen(base_vfs, name, f, flags, out_flags);
     }
-    g->real = (sqlite3_file *)(g + 1);
-    g->buf = NULL;
-    g->len = 0;
-    g->base.pMethods = NULL;
+    *g = (gather_file_t){.real = (sqlite3_file *)(g + 1), .is_wal = is_wal};
     int rc = base_vfs->xOpen(base_vfs, name, g->real, flags, out_flags);
-    if (rc == SQLITE_OK) {
-        if (g->real->pMethods == NULL || g->real->pMethods->iVersion < 3) {
-            /* Not the VFS this was written for: pass it through unwrapped. */
-            g->real->pMethods->xClose(g->real);
-            return base_vfs->xOpen(base_vfs, name, f, flags, out_flags);
-        }
-        g->base.pMethods = &gather_io;
+    if (rc != SQLITE_OK || g->real->pMethods == NULL) {
+        return rc;
     }
+    gather_file_t *db = NULL;
+    if (is_wal) {
+        sqlite3_file *main = lapse__sq.sqlite3_database_file_object(name);
+        db = main != NULL && main->pMethods == &gather_io ? (gather_file_t *)main : NULL;
+    }
+    bool wrap = g->real->pMethods->iVersion >= 3;
+    if (wrap && is_wal) {
+        /* wal.c asks the database file, as here. */
+        int dc = db != NULL ? db->real->pMethods->xDeviceCharacteristics(db->real) : 0;
+        wrap = db != NULL && db->link == NULL &&
+               (dc & SQLITE_IOCAP_POWERSAFE_OVERWRITE) != 0;
+    }
+    if (!wrap) {
+        /* Not a case this was written for: the default VFS's file as it is. */
+        g->real->pMethods->xClose(g->real);
+        return base_vfs->xOpen(base_vfs, name, f, flags, out_flags);
+    }
+    if (db != NULL) {
+        db->link = g;
+        g->link = db;
+    }
+    g->base.pMethods = &gather_io;
     return rc;
 }
 

@@ -228,9 +228,121 @@ static void test_a_commit_is_a_few_writes_all_before_the_sync(void **state) {
     rmdir(dir);
 }
 
+static void exec_ok(sqlite3 *db, const char *sql) {
+    char *msg = NULL;
+    if (sqlite3_exec(db, sql, NULL, NULL, &msg) != SQLITE_OK) {
+        fail_msg("%s: %s", sql, msg != NULL ? msg : "?");
+    }
+}
+
+/* A large transaction spills frames to the WAL before its commit and is rolled back;
+ * another connection then commits more frames at the same offsets. What the first one
+ * had gathered must not be written after that (at its next read or its close), over the
+ * other's committed frames: it is written before the write lock is released. */
+static void test_rolled_back_frames_never_land_on_committed_ones(void **state) {
+    (void)state;
+    assert_string_equal(lapse__sqlite_vfs(), LAPSE__SQLITE_VFS);
+    char dir[] = "/tmp/lapse-test-vfs-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char path[sizeof dir + 16];
+    snprintf(path, sizeof path, "%s/spill.db", dir);
+    sqlite3 *x = NULL, *y = NULL, *z = NULL;
+    int rw = SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE;
+    assert_int_equal(sqlite3_open_v2(path, &x, rw, LAPSE__SQLITE_VFS), SQLITE_OK);
+    exec_ok(x, "PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL;"
+               " PRAGMA cache_size = 10;"
+               " CREATE TABLE t (k INTEGER PRIMARY KEY, v TEXT NOT NULL)");
+    /* 300 rows of 2 KB in a cache of 10 pages: most of them spilled, the last ones
+     * still gathered when the transaction is rolled back. The WAL is empty first, so
+     * the rollback reads no page back from it (which would write what is gathered). */
+    exec_ok(x, "PRAGMA wal_checkpoint(TRUNCATE)");
+    memset(&seen, 0, sizeof seen);
+    exec_ok(x, "BEGIN; WITH RECURSIVE g (i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM g"
+               " WHERE i < 300) INSERT INTO t SELECT i, printf('x%02000d', i) FROM g");
+    print_message("spilled before the rollback: %lld bytes\n", (long long)seen.bytes);
+    assert_true(seen.bytes > 64 * 1024);
+    exec_ok(x, "ROLLBACK");
+    /* Another connection, on SQLite's default VFS, commits 600 such rows. */
+    assert_int_equal(sqlite3_open_v2(path, &y, SQLITE_OPEN_READWRITE, "unix"), SQLITE_OK);
+    exec_ok(y, "PRAGMA synchronous = FULL; BEGIN IMMEDIATE;"
+               " WITH RECURSIVE g (i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM g"
+               " WHERE i < 600) INSERT INTO t SELECT i, printf('y%02000d', i) FROM g;"
+               " COMMIT");
+    /* The first connection reads, then closes. */
+    sqlite3_stmt *q = NULL;
+    assert_int_equal(sqlite3_prepare_v2(x, "SELECT count(*) FROM t", -1, &q, NULL),
+                     SQLITE_OK);
+    assert_int_equal(sqlite3_step(q), SQLITE_ROW);
+    assert_int_equal(sqlite3_column_int(q, 0), 600);
+    sqlite3_finalize(q);
+    assert_int_equal(sqlite3_close(x), SQLITE_OK);
+    /* A third connection finds every row the second one committed, intact. */
+    assert_int_equal(sqlite3_open_v2(path, &z, SQLITE_OPEN_READONLY, "unix"), SQLITE_OK);
+    assert_int_equal(
+        sqlite3_prepare_v2(z,
+                           "SELECT count(*), sum(v = printf('y%02000d', k)),"
+                           " (SELECT integrity_check FROM pragma_integrity_check)"
+                           " FROM t",
+                           -1, &q, NULL),
+        SQLITE_OK);
+    assert_int_equal(sqlite3_step(q), SQLITE_ROW);
+    assert_int_equal(sqlite3_column_int(q, 0), 600);
+    assert_int_equal(sqlite3_column_int(q, 1), 600);
+    assert_string_equal((const char *)sqlite3_column_text(q, 2), "ok");
+    sqlite3_finalize(q);
+    sqlite3_close(z);
+    sqlite3_close(y);
+    char file[sizeof path + 8];
+    snprintf(file, sizeof file, "%s-wal", path);
+    unlink(file);
+    snprintf(file, sizeof file, "%s-shm", path);
+    unlink(file);
+    unlink(path);
+    rmdir(dir);
+}
+
+/* With psow=0 SQLite pads a commit to a sector and syncs in the middle of its last
+ * frame: that WAL is not gathered (each frame is SQLite's two writes, as without the
+ * VFS). */
+static void test_no_gathering_without_powersafe_overwrite(void **state) {
+    (void)state;
+    assert_string_equal(lapse__sqlite_vfs(), LAPSE__SQLITE_VFS);
+    char dir[] = "/tmp/lapse-test-vfs-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char path[sizeof dir + 16], uri[sizeof path + 32];
+    snprintf(path, sizeof path, "%s/psow.db", dir);
+    snprintf(uri, sizeof uri, "file:%s?psow=0", path);
+    sqlite3 *x = NULL;
+    assert_int_equal(
+        sqlite3_open_v2(uri, &x,
+                        SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_URI,
+                        LAPSE__SQLITE_VFS),
+        SQLITE_OK);
+    exec_ok(x, "PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL;"
+               " CREATE TABLE t (k INTEGER PRIMARY KEY, v TEXT NOT NULL)");
+    memset(&seen, 0, sizeof seen);
+    exec_ok(x, "WITH RECURSIVE g (i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM g"
+               " WHERE i < 100) INSERT INTO t SELECT i, printf('p%02000d', i) FROM g");
+    int64_t frames = seen.bytes / (4096 + 24);
+    print_message("psow=0: %lld bytes (%lld frames) in %d writes\n",
+                  (long long)seen.bytes, (long long)frames, seen.writes);
+    assert_true(frames >= 40);
+    assert_true(seen.writes >= 2 * frames);
+    assert_int_equal(sqlite3_close(x), SQLITE_OK);
+    char file[sizeof path + 8];
+    snprintf(file, sizeof file, "%s-wal", path);
+    unlink(file);
+    snprintf(file, sizeof file, "%s-shm", path);
+    unlink(file);
+    unlink(path);
+    rmdir(dir);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_a_commit_is_a_few_writes_all_before_the_sync),
+        cmocka_unit_test(test_rolled_back_frames_never_land_on_committed_ones),
+        cmocka_unit_test(test_no_gathering_without_powersafe_overwrite),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
