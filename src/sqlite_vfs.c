@@ -187,8 +187,8 @@ static int g_unfetch(sqlite3_file *f, sqlite3_int64 off, void *p) {
     return g->real->pMethods->xUnfetch(g->real, off, p);
 }
 
-/* Version 3, as the unix VFS's WAL files: their shared-memory and fetch methods are
- * passed on (a WAL file is never mapped, but the table must be complete). */
+/* Version 3, as the unix VFS's files: the shared-memory methods (called on the database
+ * file) and the fetch methods are passed on. */
 static const sqlite3_io_methods gather_io = {
     .iVersion = 3,
     .xClose = g_close,

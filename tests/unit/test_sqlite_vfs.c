@@ -11,6 +11,7 @@
 
 #include <cmocka.h>
 
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -143,6 +144,17 @@ static void install_counting_vfs(void) {
 
 /* ---- the test ---- */
 
+/* Remove the database file path, its -wal and -shm files, and dir. */
+static void remove_db(const char *dir, const char *path) {
+    static const char *const suffix[] = {"-wal", "-shm", ""};
+    for (size_t i = 0; i < sizeof suffix / sizeof suffix[0]; i++) {
+        char file[PATH_MAX + 8];
+        snprintf(file, sizeof file, "%s%s", path, suffix[i]);
+        unlink(file);
+    }
+    rmdir(dir);
+}
+
 #define N 2000
 
 static void test_a_commit_is_a_few_writes_all_before_the_sync(void **state) {
@@ -220,12 +232,7 @@ static void test_a_commit_is_a_few_writes_all_before_the_sync(void **state) {
     sqlite3_close(db);
 
     lapse_store_close(store);
-    unlink(wal);
-    char shm[sizeof path + 8];
-    snprintf(shm, sizeof shm, "%s-shm", path);
-    unlink(shm);
-    unlink(path);
-    rmdir(dir);
+    remove_db(dir, path);
 }
 
 static void exec_ok(sqlite3 *db, const char *sql) {
@@ -292,13 +299,7 @@ static void test_rolled_back_frames_never_land_on_committed_ones(void **state) {
     sqlite3_finalize(q);
     sqlite3_close(z);
     sqlite3_close(y);
-    char file[sizeof path + 8];
-    snprintf(file, sizeof file, "%s-wal", path);
-    unlink(file);
-    snprintf(file, sizeof file, "%s-shm", path);
-    unlink(file);
-    unlink(path);
-    rmdir(dir);
+    remove_db(dir, path);
 }
 
 /* With psow=0 SQLite pads a commit to a sector and syncs in the middle of its last
@@ -329,13 +330,7 @@ static void test_no_gathering_without_powersafe_overwrite(void **state) {
     assert_true(frames >= 40);
     assert_true(seen.writes >= 2 * frames);
     assert_int_equal(sqlite3_close(x), SQLITE_OK);
-    char file[sizeof path + 8];
-    snprintf(file, sizeof file, "%s-wal", path);
-    unlink(file);
-    snprintf(file, sizeof file, "%s-shm", path);
-    unlink(file);
-    unlink(path);
-    rmdir(dir);
+    remove_db(dir, path);
 }
 
 int main(void) {
