@@ -155,6 +155,21 @@ static void remove_db(const char *dir, const char *path) {
     rmdir(dir);
 }
 
+/* Open path read-only through SQLite's default VFS, run sql (two counts, then
+ * integrity_check's verdict) and check that it reads want0, want1 and "ok". */
+static void check_read(const char *path, const char *sql, int want0, int want1) {
+    sqlite3 *db = NULL;
+    assert_int_equal(sqlite3_open_v2(path, &db, SQLITE_OPEN_READONLY, "unix"), SQLITE_OK);
+    sqlite3_stmt *q = NULL;
+    assert_int_equal(sqlite3_prepare_v2(db, sql, -1, &q, NULL), SQLITE_OK);
+    assert_int_equal(sqlite3_step(q), SQLITE_ROW);
+    assert_int_equal(sqlite3_column_int(q, 0), want0);
+    assert_int_equal(sqlite3_column_int(q, 1), want1);
+    assert_string_equal((const char *)sqlite3_column_text(q, 2), "ok");
+    sqlite3_finalize(q);
+    sqlite3_close(db);
+}
+
 #define N 2000
 
 static void test_a_commit_is_a_few_writes_all_before_the_sync(void **state) {
@@ -214,22 +229,11 @@ static void test_a_commit_is_a_few_writes_all_before_the_sync(void **state) {
 
     /* What SQLite's default VFS reads, while the store is still open (its WAL not
      * checkpointed): every order cancelled, the file sound. */
-    sqlite3 *db = NULL;
-    assert_int_equal(sqlite3_open_v2(path, &db, SQLITE_OPEN_READONLY, "unix"), SQLITE_OK);
-    sqlite3_stmt *q = NULL;
-    assert_int_equal(
-        sqlite3_prepare_v2(db,
-                           "SELECT (SELECT count(*) FROM orders WHERE status ="
-                           " 'cancelled'), (SELECT count(*) FROM events),"
-                           " (SELECT integrity_check FROM pragma_integrity_check)",
-                           -1, &q, NULL),
-        SQLITE_OK);
-    assert_int_equal(sqlite3_step(q), SQLITE_ROW);
-    assert_int_equal(sqlite3_column_int(q, 0), N);
-    assert_int_equal(sqlite3_column_int(q, 1), N);
-    assert_string_equal((const char *)sqlite3_column_text(q, 2), "ok");
-    sqlite3_finalize(q);
-    sqlite3_close(db);
+    check_read(path,
+               "SELECT (SELECT count(*) FROM orders WHERE status = 'cancelled'),"
+               " (SELECT count(*) FROM events),"
+               " (SELECT integrity_check FROM pragma_integrity_check)",
+               N, N);
 
     lapse_store_close(store);
     remove_db(dir, path);
@@ -253,7 +257,7 @@ static void test_rolled_back_frames_never_land_on_committed_ones(void **state) {
     assert_non_null(mkdtemp(dir));
     char path[sizeof dir + 16];
     snprintf(path, sizeof path, "%s/spill.db", dir);
-    sqlite3 *x = NULL, *y = NULL, *z = NULL;
+    sqlite3 *x = NULL, *y = NULL;
     int rw = SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE;
     assert_int_equal(sqlite3_open_v2(path, &x, rw, LAPSE__SQLITE_VFS), SQLITE_OK);
     exec_ok(x, "PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL;"
@@ -284,20 +288,10 @@ static void test_rolled_back_frames_never_land_on_committed_ones(void **state) {
     sqlite3_finalize(q);
     assert_int_equal(sqlite3_close(x), SQLITE_OK);
     /* A third connection finds every row the second one committed, intact. */
-    assert_int_equal(sqlite3_open_v2(path, &z, SQLITE_OPEN_READONLY, "unix"), SQLITE_OK);
-    assert_int_equal(
-        sqlite3_prepare_v2(z,
-                           "SELECT count(*), sum(v = printf('y%02000d', k)),"
-                           " (SELECT integrity_check FROM pragma_integrity_check)"
-                           " FROM t",
-                           -1, &q, NULL),
-        SQLITE_OK);
-    assert_int_equal(sqlite3_step(q), SQLITE_ROW);
-    assert_int_equal(sqlite3_column_int(q, 0), 600);
-    assert_int_equal(sqlite3_column_int(q, 1), 600);
-    assert_string_equal((const char *)sqlite3_column_text(q, 2), "ok");
-    sqlite3_finalize(q);
-    sqlite3_close(z);
+    check_read(path,
+               "SELECT count(*), sum(v = printf('y%02000d', k)),"
+               " (SELECT integrity_check FROM pragma_integrity_check) FROM t",
+               600, 600);
     sqlite3_close(y);
     remove_db(dir, path);
 }
