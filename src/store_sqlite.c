@@ -951,11 +951,13 @@ static lapse_status_t sq_events_mark_published(lapse_store_t *store, const int64
     if (list.failed) {
         rc = lapse_error_set(err, LAPSE_ERR_NOMEM, "events: mark published");
     } else if ((rc = run(s, ST_BEGIN_WRITE, NULL, err, "")) == LAPSE_OK) {
-        rc = end(s,
-                 range ? run(s, ST_EVENTS_PUBLISHED_RANGE, NULL, err, "iii", now_ms,
-                             seqs[0], seqs[n - 1])
-                       : run(s, ST_EVENTS_PUBLISHED, NULL, err, "it", now_ms, list.p),
-                 err);
+        rc = range ? run(s, ST_EVENTS_PUBLISHED_RANGE, NULL, err, "iii", now_ms, seqs[0],
+                         seqs[n - 1])
+                   : run(s, ST_EVENTS_PUBLISHED, NULL, err, "it", now_ms, list.p);
+        if (rc == LAPSE_OK) {
+            rc = run(s, ST_EVENTS_BELOW_ADVANCE, NULL, err, "");
+        }
+        rc = end(s, rc, err);
     }
     free(list.p);
     return rc;

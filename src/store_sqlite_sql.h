@@ -7,7 +7,7 @@
 
 #include <lapse/message.h>
 
-#define SCHEMA_VERSION 6 /* PRAGMA user_version; SCHEMA_SQL sets it */
+#define SCHEMA_VERSION 7 /* PRAGMA user_version; SCHEMA_SQL sets it */
 
 /* The orders table's columns, for SCHEMA_SQL and for the version 4 rebuild alike. The
  * status CHECK is three comparisons, not `status IN ('pending', 'paid', 'cancelled')`:
@@ -58,7 +58,15 @@
  * every published mark paid an insert into it: 2.1k of 54k instructions per order of a
  * draining consumer (issue 14). Version 6 added events.deadline_ms (MIGRATE_V6_SQL): an
  * event of an order that held nothing is stored without its body (see
- * EVENT_BODY_DERIVED).
+ * EVENT_BODY_DERIVED). Version 7 dropped the partial index events_unpublished (seq)
+ * WHERE published_at_ms IS NULL for the one-row table events_published_below: every
+ * event whose seq is below its seq is published (see EVENTS_BELOW_ADVANCE). The index
+ * cost each event an insert when it was written and a delete when it was marked
+ * published, the mark's UPDATE more than the row's own change: 997 -> 891 million
+ * instructions for a consumer draining 20k orders (issue 14). What read it (the outbox's
+ * backlog walk, its count, the prune's check) reads the events from that seq on instead,
+ * by rowid: what was written since the oldest unpublished event. A file of version 6
+ * gets the table with the seq of its oldest unpublished event before the index goes.
  */
 static const char SCHEMA_SQL[] =
     "CREATE TABLE IF NOT EXISTS orders" ORDERS_COLUMNS ";"
@@ -72,11 +80,15 @@ static const char SCHEMA_SQL[] =
     " released_at_ms INTEGER,"
     " PRIMARY KEY (order_id, resource));"
     "CREATE TABLE IF NOT EXISTS events" EVENTS_COLUMNS ";"
-    "CREATE INDEX IF NOT EXISTS events_unpublished ON events (seq)"
-    " WHERE published_at_ms IS NULL;"
+    "CREATE TABLE IF NOT EXISTS events_published_below ("
+    " id INTEGER PRIMARY KEY CHECK (id = 1), seq INTEGER NOT NULL);"
+    "INSERT OR IGNORE INTO events_published_below (id, seq) SELECT 1,"
+    " coalesce((SELECT min(seq) FROM events WHERE published_at_ms IS NULL),"
+    " (SELECT max(seq) FROM events) + 1, 1);"
+    "DROP INDEX IF EXISTS events_unpublished;"
     "CREATE INDEX IF NOT EXISTS orders_settled_deadline ON orders (deadline_ms)"
     " WHERE status <> 'pending';"
-    "PRAGMA user_version = 6;";
+    "PRAGMA user_version = 7;";
 
 /* Before SCHEMA_SQL, on a file of versions 1 to 3 only: the rebuild that SQLite's
  * documentation gives for a change ALTER TABLE cannot make (lang_altertable.html, section
@@ -97,8 +109,8 @@ static const char MIGRATE_V4_SQL[] =
  * AUTOINCREMENT's high-water mark: dropping a table deletes its sqlite_sequence row, and
  * a seq once handed out (to an event pruned since) must not come back. The new table's
  * row is set to the larger of the old row and the highest seq copied before the old
- * table goes; RENAME renames it with the table. The old table's indexes go with it:
- * SCHEMA_SQL creates events_unpublished again, and no longer events_published. */
+ * table goes; RENAME renames it with the table. The old table's indexes go with it
+ * (events_published, and events_unpublished, which version 7 no longer has). */
 static const char MIGRATE_V5_SQL[] =
     "CREATE TABLE events_v5" EVENTS_COLUMNS ";"
     "INSERT INTO events_v5 (seq, event_id, order_id, body, created_at_ms,"
@@ -142,8 +154,9 @@ static const char MIGRATE_V6_SQL[] = "ALTER TABLE events ADD COLUMN deadline_ms 
  * the index by status that schema version 3 had, and sorted every page in a temporary
  * B-tree. PRUNE_PICK keeps an order whose event is still unpublished by the order ids
  * of the unpublished events: an uncorrelated NOT IN, which SQLite reads once per
- * statement (through events_unpublished) into a temporary index, since version 5 has no
- * index by event_id to look each order's event up by. Write transactions start with
+ * statement (the events from events_published_below's seq on, by rowid) into a
+ * temporary index, since version 5 has no index by event_id to look each order's event
+ * up by. Write transactions start with
  * BEGIN IMMEDIATE so the write lock is taken (and waited for) up front: a deferred
  * transaction that upgrades later fails with SQLITE_BUSY_SNAPSHOT without consulting
  * the busy handler. PRUNE_EVENTS walks the outbox by seq from its oldest row, which
@@ -152,6 +165,17 @@ static const char MIGRATE_V6_SQL[] = "ALTER TABLE events ADD COLUMN deadline_ms 
  * not over the whole outbox. An event published before the cutoff is necessarily
  * created before it; one written after a younger row (consumers whose clocks differ)
  * waits until the walk gets past that row, a later prune. */
+/* The outbox's unpublished events: from events_published_below's seq on (every event
+ * below it is published), by rowid, those not marked. Nothing ever marks an event
+ * unpublished again, and a new event's seq is above every seq written before it, so
+ * the seq only grows: EVENTS_BELOW_ADVANCE, in the transaction of every published mark,
+ * moves it to the first unpublished event, or past the last event when there is none,
+ * reading the events from where it was (what was marked since, in the steady state).
+ * 0 (everything) should its row be gone. */
+#define UNPUBLISHED                                                                      \
+    " seq >= coalesce((SELECT seq FROM events_published_below), 0)"                      \
+    " AND published_at_ms IS NULL"
+
 #define STATEMENTS(X)                                                                    \
     X(BEGIN_READ, "BEGIN DEFERRED")                                                      \
     X(BEGIN_WRITE, "BEGIN IMMEDIATE")                                                    \
@@ -193,8 +217,7 @@ static const char MIGRATE_V6_SQL[] = "ALTER TABLE events ADD COLUMN deadline_ms 
                         " ORDER BY deadline_ms, order_id LIMIT ?5")                      \
     X(ORDER_COUNT, "SELECT status, count(*) FROM orders GROUP BY status")                \
     X(EVENTS_PENDING, "SELECT seq, event_id, order_id, body, deadline_ms, created_at_ms" \
-                      " FROM events"                                                     \
-                      " WHERE published_at_ms IS NULL ORDER BY seq LIMIT ?1")            \
+                      " FROM events WHERE" UNPUBLISHED " ORDER BY seq LIMIT ?1")         \
     X(EVENTS_BY_SEQ, "SELECT seq, event_id, order_id, body, deadline_ms, created_at_ms"  \
                      " FROM events"                                                      \
                      " WHERE seq IN (SELECT value FROM json_each(?1))"                   \
@@ -209,13 +232,18 @@ static const char MIGRATE_V6_SQL[] = "ALTER TABLE events ADD COLUMN deadline_ms 
     X(EVENTS_PUBLISHED_RANGE,                                                            \
       "UPDATE events SET published_at_ms = ?1"                                           \
       " WHERE seq BETWEEN ?2 AND ?3 AND published_at_ms IS NULL")                        \
-    X(EVENTS_COUNT, "SELECT count(*) FROM events WHERE published_at_ms IS NULL")         \
+    X(EVENTS_BELOW_ADVANCE,                                                              \
+      "UPDATE events_published_below SET seq = max(seq, coalesce((SELECT e.seq"          \
+      " FROM events AS e WHERE e.seq >= events_published_below.seq"                      \
+      " AND e.published_at_ms IS NULL ORDER BY e.seq LIMIT 1),"                          \
+      " (SELECT max(e.seq) FROM events AS e) + 1, seq))")                                \
+    X(EVENTS_COUNT, "SELECT count(*) FROM events WHERE" UNPUBLISHED)                     \
     X(PRUNE_PICK, "INSERT INTO temp.prune_ids SELECT order_id FROM orders"               \
                   " INDEXED BY orders_settled_deadline WHERE status <> 'pending'"        \
                   " AND deadline_ms < ?1"                                                \
                   " AND coalesce(paid_at_ms, cancelled_at_ms) < ?1"                      \
                   " AND order_id NOT IN (SELECT order_id FROM events"                    \
-                  " WHERE published_at_ms IS NULL) LIMIT ?2")                            \
+                  " WHERE" UNPUBLISHED ") LIMIT ?2")                                     \
     X(PRUNE_HOLDS, "DELETE FROM holds WHERE order_id IN temp.prune_ids")                 \
     X(PRUNE_ORDERS, "DELETE FROM orders WHERE order_id IN temp.prune_ids")               \
     X(PRUNE_CLEAR, "DELETE FROM temp.prune_ids")                                         \

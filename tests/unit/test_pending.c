@@ -464,14 +464,32 @@ static void test_pending_pages_read_their_partial_index(void **state) {
     print_message("%s: %s\n", STMT_NAME[ST_UNSCHEDULED_PAGE], plan);
     assert_non_null(strstr(plan, "USING INDEX orders_unscheduled_deadline"));
     assert_null(strstr(plan, "TEMP B-TREE"));
-    /* Pruning walks settled orders by deadline, and reads the unpublished events once
-     * through their partial index, not the whole outbox. */
+    /* Pruning walks settled orders by deadline, and reads the unpublished events once,
+     * from the oldest unpublished seq on (events_published_below), not the whole
+     * outbox. */
     query_plan(f->store, f->path, ST_PRUNE_PICK, plan, sizeof(plan));
     print_message("%s: %s\n", STMT_NAME[ST_PRUNE_PICK], plan);
     assert_non_null(strstr(plan, "USING INDEX orders_settled_deadline"));
     assert_non_null(strstr(plan, "LIST SUBQUERY"));
-    assert_non_null(strstr(plan, "SCAN events USING INDEX events_unpublished"));
+    assert_non_null(strstr(plan, "SEARCH events USING INTEGER PRIMARY KEY (rowid>?)"));
+    assert_null(strstr(plan, "SCAN events; "));
     assert_null(strstr(plan, "CORRELATED"));
+    /* So do the outbox's backlog walk and its count, in seq order with no sort; and
+     * the mark's move of that seq reads from where it was to the first unpublished
+     * event, and the last seq by rowid. */
+    static const stmt_id_t from_below[] = {ST_EVENTS_PENDING, ST_EVENTS_COUNT,
+                                           ST_EVENTS_BELOW_ADVANCE};
+    for (size_t i = 0; i < sizeof from_below / sizeof from_below[0]; i++) {
+        query_plan(f->store, f->path, from_below[i], plan, sizeof(plan));
+        print_message("%s: %s\n", STMT_NAME[from_below[i]], plan);
+        const char *search = from_below[i] == ST_EVENTS_BELOW_ADVANCE
+                                 ? "SEARCH e USING INTEGER PRIMARY KEY (rowid>?)"
+                                 : "SEARCH events USING INTEGER PRIMARY KEY (rowid>?)";
+        assert_non_null(strstr(plan, search));
+        assert_null(strstr(plan, "SCAN events; "));
+        assert_null(strstr(plan, "SCAN e; "));
+        assert_null(strstr(plan, "TEMP B-TREE"));
+    }
     /* The outbox's prune: a range of seqs up to the first young event, no sort. */
     query_plan(f->store, f->path, ST_PRUNE_EVENTS, plan, sizeof(plan));
     print_message("%s: %s\n", STMT_NAME[ST_PRUNE_EVENTS], plan);
@@ -994,7 +1012,8 @@ static void test_open_upgrades_a_version_4_file(void **state) {
                      0);
     assert_int_equal(query_int(f, "SELECT count(*) FROM sqlite_master WHERE name ="
                                   " 'events_unpublished'"),
-                     1);
+                     0);
+    assert_int_equal(query_int(f, "SELECT seq FROM events_published_below"), 1);
     assert_int_equal(query_int(f, "SELECT count(*) FROM sqlite_master WHERE"
                                   " name LIKE 'sqlite_autoindex_events%'"
                                   " OR name = 'events_published'"),
@@ -1068,6 +1087,77 @@ static void test_open_upgrades_a_version_5_file(void **state) {
                         "\"holds\":[]}");
 }
 
+/* A file of schema version 6 (the partial index events_unpublished, no
+ * events_published_below) whose outbox has events published out of order: the table
+ * starts at its oldest unpublished event, the index is gone, and the walk, the count and
+ * the marks go on from there. */
+static int note_seq(void *opaque, const lapse_event_t *event) {
+    int64_t *seqs = opaque;
+    if (seqs[0] < 7) {
+        seqs[1 + seqs[0]] = event->seq;
+    }
+    seqs[0]++;
+    return 0;
+}
+
+static int64_t walk_seqs(fixture_t *f, int64_t *seqs, size_t cap) {
+    assert_true(cap >= 8);
+    memset(seqs, 0, cap * sizeof *seqs);
+    lapse_error_t err;
+    assert_int_equal(
+        lapse_store_events_pending(f->store, 10, NULL, 0, note_seq, seqs, &err),
+        LAPSE_OK);
+    return seqs[0];
+}
+
+static void test_open_upgrades_a_version_6_file(void **state) {
+    fixture_t *f = *state;
+    SF_SKIP_ON_PG("a file of SQLite schema version 6");
+    rewrite_file(f, "DROP TABLE events_published_below;"
+                    "CREATE INDEX events_unpublished ON events (seq)"
+                    " WHERE published_at_ms IS NULL;"
+                    "INSERT INTO events (seq, event_id, order_id, body, created_at_ms,"
+                    " published_at_ms, deadline_ms) VALUES"
+                    " (5, 'order.cancelled:a', 'a', '', 1, 2, 1),"
+                    " (6, 'order.cancelled:b', 'b', '', 1, NULL, 1),"
+                    " (7, 'order.cancelled:c', 'c', '', 1, 2, 1),"
+                    " (8, 'order.cancelled:d', 'd', '', 1, NULL, 1);"
+                    "PRAGMA user_version = 6;");
+    lapse_status_t rc;
+    lapse_error_t err;
+
+    f->store = lapse_store_open(f->uri, &rc, &err);
+    assert_non_null(f->store);
+    assert_int_equal(query_int(f, "PRAGMA user_version"), SCHEMA_VERSION);
+    assert_int_equal(query_int(f, "SELECT count(*) FROM sqlite_master WHERE name ="
+                                  " 'events_unpublished'"),
+                     0);
+    assert_int_equal(query_int(f, "SELECT seq FROM events_published_below"), 6);
+    int64_t seqs[8];
+    assert_int_equal(walk_seqs(f, seqs, 8), 2);
+    assert_int_equal(seqs[1], 6);
+    assert_int_equal(seqs[2], 8);
+    int64_t backlog = -1;
+    assert_int_equal(lapse_store_events_count(f->store, &backlog, &err), LAPSE_OK);
+    assert_int_equal(backlog, 2);
+    const int64_t six = 6, eight = 8;
+    assert_int_equal(lapse_store_events_mark_published(f->store, &six, 1, T0, &err),
+                     LAPSE_OK);
+    assert_int_equal(query_int(f, "SELECT seq FROM events_published_below"), 8);
+    assert_int_equal(lapse_store_events_mark_published(f->store, &eight, 1, T0, &err),
+                     LAPSE_OK);
+    assert_int_equal(query_int(f, "SELECT seq FROM events_published_below"), 9);
+    assert_int_equal(walk_seqs(f, seqs, 8), 0);
+    /* The next event comes after them and is found. */
+    lapse_cancel_item_t item = {.order_id = "m-0001"};
+    assert_int_equal(lapse_store_cancel_batch(f->store, &item, 1, T0 + 3600000, &err),
+                     LAPSE_OK);
+    assert_int_equal(item.outcome, LAPSE_CANCEL_DONE);
+    assert_int_equal(item.event_seq, 9);
+    assert_int_equal(walk_seqs(f, seqs, 8), 1);
+    assert_int_equal(seqs[1], 9);
+}
+
 int main(void) {
 #define T(name) cmocka_unit_test_setup_teardown(name, setup, teardown)
     const struct CMUnitTest tests[] = {
@@ -1091,6 +1181,8 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_open_upgrades_a_version_4_file, setup_dir,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_open_upgrades_a_version_5_file, setup_dir,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_open_upgrades_a_version_6_file, setup_dir,
                                         teardown),
     };
 #undef T

@@ -337,7 +337,7 @@ static void test_open_uses_wal_and_versioned_schema(void **state) {
     assert_string_equal((const char *)sqlite3_column_text(st, 0), "wal");
     sqlite3_finalize(st);
     sqlite3_close(db);
-    assert_int_equal(query_int(f, "PRAGMA user_version"), 6);
+    assert_int_equal(query_int(f, "PRAGMA user_version"), 7);
     assert_int_equal(query_int(f,
                                "SELECT count(*) FROM sqlite_master WHERE type = 'table'"
                                " AND name IN ('orders', 'holds', 'events')"),
@@ -1146,6 +1146,99 @@ static void test_events_pending_and_mark_published(void **state) {
     assert_int_equal(rest.seq[0], seqs[2]);
 }
 
+/* The walk and count of unpublished events over what is published out of order, by two
+ * handles: every event left behind is found, however many were published after it, and
+ * so is every event written after all before it were published. On SQLite the oldest
+ * unpublished seq is kept in events_published_below, where the walk starts (schema
+ * version 7); it moves up with each published mark and never past an unpublished event.
+ */
+static void walk_unpublished(fixture_t *f, seen_t *out) {
+    lapse_error_t err;
+    release_claims(f);
+    memset(out, 0, sizeof *out);
+    assert_int_equal(
+        lapse_store_events_pending(f->store, 8, NULL, 0, record_event, out, &err),
+        LAPSE_OK);
+}
+
+static void assert_backlog(fixture_t *f, int64_t want, int64_t below) {
+    lapse_error_t err;
+    int64_t backlog = -1;
+    assert_int_equal(lapse_store_events_count(f->store, &backlog, &err), LAPSE_OK);
+    assert_int_equal(backlog, want);
+    if (f->sf.backend != SF_PG) {
+        assert_int_equal(query_int(f, "SELECT seq FROM events_published_below"), below);
+    }
+}
+
+static void test_events_left_behind_are_found(void **state) {
+    fixture_t *f = *state;
+    static const char *const ids[] = {"lb-0", "lb-1", "lb-2", "lb-3",
+                                      "lb-4", "lb-5", "lb-6"};
+    int64_t s[7];
+    for (size_t i = 0; i < 5; i++) {
+        assert_int_equal(insert(f->store, ids[i], DEADLINE, NULL, 0), LAPSE_OK);
+        assert_int_equal(cancel(f->store, ids[i], DEADLINE, &s[i]), LAPSE_CANCEL_DONE);
+    }
+    lapse_error_t err;
+    const int64_t later[] = {s[1], s[2], s[4]};
+    assert_int_equal(
+        lapse_store_events_mark_published(f->store, later, 3, DEADLINE + 1, &err),
+        LAPSE_OK);
+    seen_t seen;
+    walk_unpublished(f, &seen);
+    assert_int_equal(seen.n, 2);
+    assert_int_equal(seen.seq[0], s[0]);
+    assert_int_equal(seen.seq[1], s[3]);
+    assert_backlog(f, 2, s[0]);
+
+    assert_int_equal(
+        lapse_store_events_mark_published(f->store, &s[0], 1, DEADLINE + 1, &err),
+        LAPSE_OK);
+    walk_unpublished(f, &seen);
+    assert_int_equal(seen.n, 1);
+    assert_int_equal(seen.seq[0], s[3]);
+    assert_backlog(f, 1, s[3]);
+
+    /* A mark of an event already published moves nothing past the one left. */
+    assert_int_equal(
+        lapse_store_events_mark_published(f->store, &s[4], 1, DEADLINE + 2, &err),
+        LAPSE_OK);
+    assert_backlog(f, 1, s[3]);
+
+    assert_int_equal(
+        lapse_store_events_mark_published(f->store, &s[3], 1, DEADLINE + 1, &err),
+        LAPSE_OK);
+    walk_unpublished(f, &seen);
+    assert_int_equal(seen.n, 0);
+    assert_backlog(f, 0, s[4] + 1);
+
+    /* Written after everything before them was published, by another handle, which
+     * also publishes one of them: the first handle finds the other. */
+    lapse_status_t rc;
+    lapse_store_t *other = lapse_store_open(f->uri, &rc, &err);
+    assert_non_null(other);
+    for (size_t i = 5; i < 7; i++) {
+        assert_int_equal(insert(other, ids[i], DEADLINE, NULL, 0), LAPSE_OK);
+        assert_int_equal(cancel(other, ids[i], DEADLINE, &s[i]), LAPSE_CANCEL_DONE);
+    }
+    walk_unpublished(f, &seen);
+    assert_int_equal(seen.n, 2);
+    assert_int_equal(seen.seq[0], s[5]);
+    assert_int_equal(seen.seq[1], s[6]);
+    assert_backlog(f, 2, s[4] + 1);
+    assert_int_equal(lapse_store_events_mark_published(other, &s[6], 1, DEADLINE, &err),
+                     LAPSE_OK);
+    lapse_store_close(other);
+    walk_unpublished(f, &seen);
+    assert_int_equal(seen.n, 1);
+    assert_int_equal(seen.seq[0], s[5]);
+    assert_backlog(f, 1, s[5]);
+    assert_int_equal(query_int(f, "SELECT count(*) FROM events"
+                                  " WHERE published_at_ms IS NULL"),
+                     1);
+}
+
 static void test_events_pending_filters_by_seq(void **state) {
     fixture_t *f = *state;
     int64_t seqs[3];
@@ -1622,6 +1715,7 @@ int main(void) {
         T(test_events_pending_refuses_a_row_without_body_or_deadline),
         T(test_events_pending_and_mark_published),
         T(test_events_pending_in_pages),
+        T(test_events_left_behind_are_found),
         T(test_events_pending_filters_by_seq),
         T(test_events_in_a_run),
         T(test_events_pending_stops_when_callback_says_so),
