@@ -929,6 +929,8 @@ static void test_open_upgrades_a_version_1_file(void **state) {
     assert_int_equal(query_int(f, "SELECT count(*) FROM events"), 1);
     assert_int_equal(
         query_int(f, "SELECT seq FROM sqlite_sequence WHERE name = 'events'"), 9);
+    /* Its one event is published: everything up to it is. */
+    assert_int_equal(query_int(f, "SELECT seq FROM events_published_below"), 8);
     assert_int_equal(
         query_int(f, "SELECT count(*) FROM sqlite_master WHERE"
                      " tbl_name = 'events_v5' OR name LIKE 'sqlite_autoindex_events%'"
@@ -985,6 +987,7 @@ static void test_open_upgrades_a_version_4_file(void **state) {
     fixture_t *f = *state;
     SF_SKIP_ON_PG("a file of SQLite schema version 4");
     rewrite_file(f, "DROP TABLE events;"
+                    "DROP TABLE events_published_below;"
                     "CREATE TABLE events ("
                     " seq INTEGER PRIMARY KEY AUTOINCREMENT,"
                     " event_id TEXT NOT NULL UNIQUE,"
@@ -1051,6 +1054,7 @@ static void test_open_upgrades_a_version_5_file(void **state) {
     fixture_t *f = *state;
     SF_SKIP_ON_PG("a file of SQLite schema version 5");
     rewrite_file(f, "ALTER TABLE events DROP COLUMN deadline_ms;"
+                    "DROP TABLE events_published_below;"
                     "INSERT INTO events (seq, event_id, order_id, body,"
                     " created_at_ms) VALUES (5, 'order.cancelled:old',"
                     " 'old', '{\"stored\":\"as written\"}', 1);"
@@ -1067,6 +1071,8 @@ static void test_open_upgrades_a_version_5_file(void **state) {
     assert_int_equal(query_int(f, "SELECT count(*) FROM events WHERE deadline_ms IS NULL"
                                   " AND body = '{\"stored\":\"as written\"}'"),
                      1);
+    /* Its one event is unpublished: the seq of what is published below starts there. */
+    assert_int_equal(query_int(f, "SELECT seq FROM events_published_below"), 5);
     lapse_cancel_item_t item = {.order_id = "m-0001"};
     assert_int_equal(lapse_store_cancel_batch(f->store, &item, 1, T0 + 3600000, &err),
                      LAPSE_OK);
