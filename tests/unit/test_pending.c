@@ -495,6 +495,17 @@ static void test_pending_pages_read_their_partial_index(void **state) {
     print_message("%s: %s\n", STMT_NAME[ST_PRUNE_EVENTS], plan);
     assert_non_null(strstr(plan, "SEARCH events USING INTEGER PRIMARY KEY (rowid<?)"));
     assert_null(strstr(plan, "TEMP B-TREE"));
+    /* A cancel batch: its ids are the outer loop, each order found by its id, never a
+     * walk of the orders; then the due ones are changed by rowid. */
+    query_plan(f->store, f->path, ST_ORDERS_LOOK, plan, sizeof(plan));
+    print_message("%s: %s\n", STMT_NAME[ST_ORDERS_LOOK], plan);
+    assert_non_null(strstr(plan, "SCAN batch VIRTUAL TABLE"));
+    assert_non_null(strstr(plan, "SEARCH o USING INDEX sqlite_autoindex_orders_1"));
+    assert_null(strstr(plan, "SCAN o"));
+    query_plan(f->store, f->path, ST_ORDERS_CANCEL, plan, sizeof(plan));
+    print_message("%s: %s\n", STMT_NAME[ST_ORDERS_CANCEL], plan);
+    assert_non_null(strstr(plan, "SEARCH orders USING INTEGER PRIMARY KEY (rowid=?)"));
+    assert_null(strstr(plan, "SCAN orders"));
 }
 
 typedef struct plan_text {
