@@ -964,9 +964,17 @@ static lapse_status_t sq_events_mark_published(lapse_store_t *store, const int64
     if (list.failed) {
         rc = lapse_error_set(err, LAPSE_ERR_NOMEM, "events: mark published");
     } else if ((rc = run(s, ST_BEGIN_WRITE, NULL, err, "")) == LAPSE_OK) {
-        rc = range ? run(s, ST_EVENTS_PUBLISHED_RANGE, NULL, err, "iii", now_ms, seqs[0],
-                         seqs[n - 1])
-                   : run(s, ST_EVENTS_PUBLISHED, NULL, err, "it", now_ms, list.p);
+        /* A run from events_published_below's seq on moves that seq past it, and writes
+         * none of its rows (store_sqlite_sql.h, UNPUBLISHED). */
+        int jumped = 0;
+        if (range) {
+            rc = run(s, ST_EVENTS_BELOW_JUMP, &jumped, err, "ii", seqs[0], seqs[n - 1]);
+        }
+        if (rc == LAPSE_OK && jumped == 0) {
+            rc = range ? run(s, ST_EVENTS_PUBLISHED_RANGE, NULL, err, "iii", now_ms,
+                             seqs[0], seqs[n - 1])
+                       : run(s, ST_EVENTS_PUBLISHED, NULL, err, "it", now_ms, list.p);
+        }
         if (rc == LAPSE_OK) {
             rc = run(s, ST_EVENTS_BELOW_ADVANCE, NULL, err, "");
         }

@@ -468,8 +468,7 @@ static void test_import_into_fresh_vhost(void **state) {
                      1);
     assert_int_equal(h_sql_int(h, "SELECT count(*) FROM events"), 1);
     /* Its event went to the imported events queue, and so left the outbox. */
-    assert_int_equal(
-        h_sql_int(h, "SELECT count(*) FROM events WHERE published_at_ms IS NULL"), 0);
+    assert_int_equal(h_sql_int(h, sf_sql_unpublished(h->sf.backend)), 0);
     amqp_connection_state_t vconn = h_amqp_open(h);
     assert_int_equal(h_queue_depth(vconn, "lapse.events.cancelled"), 1);
     h_amqp_close(vconn);

@@ -43,7 +43,7 @@ static long long kv(const char *out, const char *key) {
 }
 
 static int64_t unpublished(h_ctx_t *h) {
-    return h_sql_int(h, "SELECT count(*) FROM events WHERE published_at_ms IS NULL");
+    return h_sql_int(h, sf_sql_unpublished(h->sf.backend));
 }
 
 /* `lapse status --json` (extra global flags may come first), parsed. */
@@ -210,10 +210,7 @@ static void test_events_wait_for_a_queue_then_arrive_once(void **state) {
     /* A queue is bound: the backlog goes out at the next try, each event once. */
     h_tap(&h, conn, "tap", events_x, LAPSE_EVENT_CANCELLED);
     int64_t bound_at = mono_ms();
-    assert_int_equal(h_wait_sql(&h, 0, h_ms(45000),
-                                "SELECT count(*) FROM events WHERE published_at_ms IS "
-                                "NULL"),
-                     0);
+    assert_int_equal(h_wait_sql(&h, 0, h_ms(45000), sf_sql_unpublished(h.sf.backend)), 0);
     printf("events-a backlog of %d published %lld ms after the bind\n", N,
            (long long)(mono_ms() - bound_at));
     h_wait_lines(&h, "consumer.log", "event=events_routable", 1, h_ms(5000));
@@ -422,8 +419,10 @@ static void test_sigterm_publishes_what_is_owed(void **state) {
              "event=events_flushed published=%d owed=%d waiting=%d", M, M, N);
     assert_int_equal(h_count_lines(&h, "consumer2.log", needle), 1);
     assert_int_equal(unpublished(&h), N);
-    assert_int_equal(h_sql_int(&h, "SELECT count(*) FROM events WHERE published_at_ms IS "
-                                   "NOT NULL AND order_id LIKE 'more-%%'"),
+    assert_int_equal(h_sql_int(&h,
+                               "SELECT count(*) FROM events WHERE NOT (%s)"
+                               " AND order_id LIKE 'more-%%'",
+                               sf_unpublished_where(h.sf.backend)),
                      M);
     assert_int_equal(drain_events(&h, conn, tap, 500), M);
 

@@ -579,8 +579,7 @@ int64_t h_wait_sql(h_ctx_t *h, int64_t expect, int timeout_ms, const char *sql_f
 }
 
 int64_t h_wait_outbox_empty(h_ctx_t *h, int timeout_ms) {
-    return h_wait_sql(h, 0, timeout_ms,
-                      "SELECT count(*) FROM events WHERE published_at_ms IS NULL");
+    return h_wait_sql(h, 0, timeout_ms, sf_sql_unpublished(h->sf.backend));
 }
 
 size_t h_count_lines(h_ctx_t *h, const char *file, const char *needle) {
@@ -1018,8 +1017,7 @@ void h_check_laws(h_ctx_t *h, const char *const *logs, h_watch_t *w, h_laws_t *o
                                     " (order_id) WHERE (h.released_at_ms IS NOT NULL) !="
                                     " (o.status = 'cancelled') OR (o.status = 'cancelled'"
                                     " AND h.released_at_ms != o.cancelled_at_ms)");
-    out->unpublished =
-        h_sql_int(h, "SELECT count(*) FROM events WHERE published_at_ms IS NULL");
+    out->unpublished = h_sql_int(h, sf_sql_unpublished(h->sf.backend));
     out->max_lag_ms = out->cancelled
                           ? h_sql_int(h, "SELECT max(cancelled_at_ms - deadline_ms) FROM "
                                          "orders WHERE status='cancelled'")

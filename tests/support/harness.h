@@ -150,7 +150,7 @@ void h_sql_exec(h_ctx_t *h, const char *sql_fmt, ...);
 /* Poll until the query equals expect or timeout_ms passes; returns the last value. */
 int64_t h_wait_sql(h_ctx_t *h, int64_t expect, int timeout_ms, const char *sql_fmt, ...);
 
-/* Poll until every outbox event is published (published_at_ms IS NULL -> 0) or
+/* Poll until every outbox event is published (sf_sql_unpublished -> 0) or
  * timeout_ms passes; returns the events still unpublished (0: all went out). */
 int64_t h_wait_outbox_empty(h_ctx_t *h, int timeout_ms);
 

@@ -39,6 +39,26 @@ const char *sf_backend_name(sf_backend_t backend) {
     return backend == SF_PG ? "postgresql" : "sqlite";
 }
 
+#define SQLITE_UNPUBLISHED                                                               \
+    "seq >= coalesce((SELECT seq FROM events_published_below), 0)"                       \
+    " AND published_at_ms IS NULL"
+#define PG_UNPUBLISHED "published_at_ms IS NULL"
+
+const char *sf_unpublished_where(sf_backend_t backend) {
+    return backend == SF_PG ? PG_UNPUBLISHED : SQLITE_UNPUBLISHED;
+}
+
+const char *sf_sql_unpublished(sf_backend_t backend) {
+    return backend == SF_PG ? "SELECT count(*) FROM events WHERE " PG_UNPUBLISHED
+                            : "SELECT count(*) FROM events WHERE " SQLITE_UNPUBLISHED;
+}
+
+const char *sf_sql_published(sf_backend_t backend) {
+    return backend == SF_PG ? "SELECT count(*) FROM events WHERE NOT (" PG_UNPUBLISHED ")"
+                            : "SELECT count(*) FROM events WHERE NOT (" SQLITE_UNPUBLISHED
+                              ")";
+}
+
 static const char *schema(void) {
     const char *v = getenv("LAPSE_STORE_SCHEMA");
     return v != NULL && v[0] != '\0' ? v : "lapse";

@@ -81,4 +81,13 @@ int64_t sf_query_rows(sf_conn_t *c, const char *sql, sf_row_cb row, void *opaque
 /* Whether table (of lapse's schema) exists yet. */
 bool sf_table_exists(sf_conn_t *c, const char *table);
 
+/* How many events of the outbox are unpublished, and how many published, as a query
+ * for sf_query_int on backend: on PostgreSQL published_at_ms says it; on SQLite (schema
+ * version 8) an event below events_published_below's seq is published whatever its
+ * published_at_ms, which a mark of a run from that seq leaves NULL. Static strings. */
+const char *sf_sql_unpublished(sf_backend_t backend);
+const char *sf_sql_published(sf_backend_t backend);
+/* The condition on a row of events that holds while it is unpublished (the same rule). */
+const char *sf_unpublished_where(sf_backend_t backend);
+
 #endif

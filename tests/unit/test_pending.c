@@ -490,6 +490,22 @@ static void test_pending_pages_read_their_partial_index(void **state) {
         assert_null(strstr(plan, "SCAN e; "));
         assert_null(strstr(plan, "TEMP B-TREE"));
     }
+    /* A round of seqs read and marked: the range from the larger of its first seq and
+     * events_published_below's, by rowid. */
+    static const stmt_id_t ranges[] = {ST_EVENTS_BY_RANGE, ST_EVENTS_PUBLISHED_RANGE};
+    for (size_t i = 0; i < sizeof ranges / sizeof ranges[0]; i++) {
+        query_plan(f->store, f->path, ranges[i], plan, sizeof(plan));
+        print_message("%s: %s\n", STMT_NAME[ranges[i]], plan);
+        assert_non_null(strstr(
+            plan, "SEARCH events USING INTEGER PRIMARY KEY (rowid>? AND rowid<?)"));
+        assert_null(strstr(plan, "SCAN events; "));
+        assert_null(strstr(plan, "TEMP B-TREE"));
+    }
+    query_plan(f->store, f->path, ST_EVENTS_BELOW_JUMP, plan, sizeof(plan));
+    print_message("%s: %s\n", STMT_NAME[ST_EVENTS_BELOW_JUMP], plan);
+    assert_non_null(
+        strstr(plan, "SEARCH events_published_below USING INTEGER PRIMARY KEY"));
+    assert_null(strstr(plan, "SCAN events; "));
     /* The outbox's prune: a range of seqs up to the first young event, no sort. */
     query_plan(f->store, f->path, ST_PRUNE_EVENTS, plan, sizeof(plan));
     print_message("%s: %s\n", STMT_NAME[ST_PRUNE_EVENTS], plan);

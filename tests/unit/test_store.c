@@ -337,7 +337,7 @@ static void test_open_uses_wal_and_versioned_schema(void **state) {
     assert_string_equal((const char *)sqlite3_column_text(st, 0), "wal");
     sqlite3_finalize(st);
     sqlite3_close(db);
-    assert_int_equal(query_int(f, "PRAGMA user_version"), 7);
+    assert_int_equal(query_int(f, "PRAGMA user_version"), 8);
     assert_int_equal(query_int(f,
                                "SELECT count(*) FROM sqlite_master WHERE type = 'table'"
                                " AND name IN ('orders', 'holds', 'events')"),
@@ -1234,9 +1234,7 @@ static void test_events_left_behind_are_found(void **state) {
     assert_int_equal(seen.n, 1);
     assert_int_equal(seen.seq[0], s[5]);
     assert_backlog(f, 1, s[5]);
-    assert_int_equal(query_int(f, "SELECT count(*) FROM events"
-                                  " WHERE published_at_ms IS NULL"),
-                     1);
+    assert_int_equal(query_int(f, sf_sql_unpublished(f->sf.backend)), 1);
     if (f->sf.backend != SF_PG) {
         /* The walk and the count start at the stored seq: moved past s5 by hand, they
          * no longer see it (nothing but a mark may move it). */
@@ -1245,11 +1243,22 @@ static void test_events_left_behind_are_found(void **state) {
         assert_int_equal(seen.n, 0);
         assert_backlog(f, 0, s[5] + 1);
         exec_sql(f, "UPDATE events_published_below SET seq = seq - 1");
-        /* Its row gone, they read every event, and the next mark writes it again. */
+        /* Its row gone, they read every event with no publication time: s5, and those
+         * a mark published by moving the seq past them (s0, marked alone when it was
+         * the oldest), published again rather than lost. The next mark writes the row
+         * again, and the one after it moves it to the oldest of them. */
+        static const char untimed_sql[] =
+            "SELECT count(*) FROM events WHERE published_at_ms IS NULL";
+        int64_t untimed = query_int(f, untimed_sql);
+        assert_true(untimed >= 2);
+        assert_int_equal(query_int(f, "SELECT min(seq) FROM events"
+                                      " WHERE published_at_ms IS NULL"),
+                         s[0]);
         exec_sql(f, "DELETE FROM events_published_below");
         walk_unpublished(f, &seen);
-        assert_int_equal(seen.n, 1);
-        assert_int_equal(seen.seq[0], s[5]);
+        assert_int_equal((int64_t)seen.n, untimed);
+        assert_int_equal(seen.seq[0], s[0]);
+        assert_int_equal(seen.seq[seen.n - 1], s[5]);
         assert_int_equal(
             lapse_store_events_mark_published(f->store, &s[6], 1, DEADLINE, &err),
             LAPSE_OK);
@@ -1257,7 +1266,7 @@ static void test_events_left_behind_are_found(void **state) {
         assert_int_equal(
             lapse_store_events_mark_published(f->store, &s[6], 1, DEADLINE, &err),
             LAPSE_OK);
-        assert_backlog(f, 1, s[5]);
+        assert_backlog(f, untimed, s[0]);
     }
 }
 
@@ -1301,8 +1310,7 @@ static void test_events_in_a_run(void **state) {
     assert_int_equal(
         lapse_store_events_mark_published(f->store, tail, 3, DEADLINE + 1, &err),
         LAPSE_OK);
-    static const char marked[] =
-        "SELECT count(*) FROM events WHERE published_at_ms IS NOT NULL";
+    const char *marked = sf_sql_published(f->sf.backend);
     assert_int_equal(query_int(f, marked), 2);
     static const char second[] = "SELECT published_at_ms FROM events"
                                  " WHERE event_id = 'order.cancelled:ord-2'";
@@ -1325,6 +1333,61 @@ static void test_events_in_a_run(void **state) {
         lapse_store_events_pending(f->store, 10, all, 3, record_event, &seen, &err),
         LAPSE_OK);
     assert_int_equal(seen.n, 0);
+}
+
+/* A round marked as the run it is, from the oldest unpublished event on: published,
+ * the events cancelled after it are not. On SQLite the mark moves events_published_below
+ * past the run and writes none of its rows, but never past the last event: seqs marked
+ * that no event has yet must not make the next events published. */
+static void test_events_run_from_the_oldest(void **state) {
+    fixture_t *f = *state;
+    int64_t seqs[3], later;
+    lapse_error_t err;
+    seen_t seen;
+    cancel_three(f, seqs);
+    const int64_t run[] = {seqs[0], seqs[0] + 1, seqs[0] + 2};
+    assert_int_equal(seqs[2], run[2]);
+    assert_int_equal(lapse_store_events_mark_published(f->store, run, 3, DEADLINE, &err),
+                     LAPSE_OK);
+    walk_unpublished(f, &seen);
+    assert_int_equal(seen.n, 0);
+    assert_backlog(f, 0, seqs[2] + 1);
+    assert_int_equal(query_int(f, sf_sql_published(f->sf.backend)), 3);
+    if (f->sf.backend != SF_PG) {
+        assert_int_equal(
+            query_int(f, "SELECT count(*) FROM events WHERE published_at_ms IS NULL"), 3);
+    }
+    /* Past the last event: the seqs after it are no events yet, and stay unpublished
+     * once they are. */
+    assert_int_equal(insert(f->store, "ord-4", DEADLINE, NULL, 0), LAPSE_OK);
+    assert_int_equal(cancel(f->store, "ord-4", DEADLINE, &later), LAPSE_CANCEL_DONE);
+    const int64_t beyond[] = {later, later + 1, later + 2};
+    assert_int_equal(
+        lapse_store_events_mark_published(f->store, beyond, 3, DEADLINE, &err), LAPSE_OK);
+    assert_backlog(f, 0, later + 1);
+    int64_t next[2];
+    static const char *const ids[] = {"ord-5", "ord-6"};
+    for (size_t i = 0; i < 2; i++) {
+        assert_int_equal(insert(f->store, ids[i], DEADLINE, NULL, 0), LAPSE_OK);
+        assert_int_equal(cancel(f->store, ids[i], DEADLINE, &next[i]), LAPSE_CANCEL_DONE);
+    }
+    if (f->sf.backend != SF_PG) {
+        assert_int_equal(next[0], later + 1); /* what the guard is about */
+    }
+    walk_unpublished(f, &seen);
+    assert_int_equal(seen.n, 2);
+    assert_int_equal(seen.seq[0], next[0]);
+    assert_int_equal(seen.seq[1], next[1]);
+    assert_backlog(f, 2, later + 1);
+    /* Asked for by seq, a round published by the jump is not handed out again. */
+    const int64_t again[] = {seqs[0], seqs[1], next[0]};
+    release_claims(f);
+    memset(&seen, 0, sizeof seen);
+    assert_int_equal(
+        lapse_store_events_pending(f->store, 10, again, 3, record_event, &seen, &err),
+        LAPSE_OK);
+    assert_int_equal(seen.n, 1);
+    assert_int_equal(seen.seq[0], next[0]);
 }
 
 static void test_events_pending_stops_when_callback_says_so(void **state) {
@@ -1351,9 +1414,7 @@ static void test_events_pending_callback_may_use_the_store(void **state) {
         lapse_store_events_pending(f->store, 10, NULL, 0, record_event, &seen, &err),
         LAPSE_OK);
     assert_int_equal(seen.n, 3);
-    assert_int_equal(query_int(f, "SELECT count(*) FROM events"
-                                  " WHERE published_at_ms IS NULL"),
-                     0);
+    assert_int_equal(query_int(f, sf_sql_unpublished(f->sf.backend)), 0);
 }
 
 static void test_count(void **state) {
@@ -1494,6 +1555,19 @@ static void test_prune_events_walk_stops_at_the_first_young_event(void **state) 
                      LAPSE_OK);
     assert_int_equal(events, 1);
     assert_int_equal(query_int(f, left), 2);
+    if (!pg) {
+        /* Below events_published_below's seq an event is published with no time of its
+         * own (a mark moved the seq past it): it goes once it was created before the
+         * cutoff. */
+        exec_sql(f, "UPDATE events_published_below SET seq = 3");
+        assert_int_equal(lapse_store_prune(f->store, 1100, 10, &orders, &events, &err),
+                         LAPSE_OK);
+        assert_int_equal(events, 0);
+        assert_int_equal(lapse_store_prune(f->store, 1300, 10, &orders, &events, &err),
+                         LAPSE_OK);
+        assert_int_equal(events, 1);
+        assert_int_equal(query_int(f, "SELECT count(*) FROM events"), 0);
+    }
 }
 
 static void test_names_are_static_strings(void **state) {
@@ -1740,6 +1814,7 @@ int main(void) {
         T(test_events_left_behind_are_found),
         T(test_events_pending_filters_by_seq),
         T(test_events_in_a_run),
+        T(test_events_run_from_the_oldest),
         T(test_events_pending_stops_when_callback_says_so),
         T(test_events_pending_callback_may_use_the_store),
         T(test_count),
