@@ -364,9 +364,10 @@ static lapse_status_t each_row(sqlite_store_t *s, stmt_id_t id, row_fn row, void
 
 /* A cancel batch, inside one write transaction: one SELECT reads the batch's orders
  * (ORDERS_LOOK) and decides each item, one UPDATE cancels the due pending ones by rowid
- * (ORDERS_CANCEL, which checks again), one UPDATE ... RETURNING releases their holds
- * (HOLDS_RELEASE), and multi-row INSERTs record the events (record_events); the orders go
- * in as JSON arrays of their ids (rowids for the cancel). The items are found again by
+ * (ORDERS_CANCEL, which checks again), one SELECT reads their unreleased holds
+ * (HOLDS_LOOK) and one UPDATE releases them by rowid (HOLDS_RELEASE, skipped when there
+ * are none), and multi-row INSERTs record the events (record_events); the orders go in as
+ * JSON arrays of their ids (rowids for the updates). The items are found again by
  * id through refs, sorted by (id, position), so that an id given twice is decided for its
  * first item, as if the items were cancelled one after the other: the first cancelled,
  * the next ones noop_cancelled. */
@@ -391,7 +392,7 @@ typedef struct cancel_batch {
     size_t n_done;
     int64_t now_ms;
     text_t ids;    /* scratch: a JSON array of ids */
-    text_t rowids; /* the rowids of the orders to cancel, a JSON array being built */
+    text_t rowids; /* scratch: the rowids to update (orders, then holds), a JSON array */
     /* The holds released for the cancelled orders: names one after the other in
      * names; once group_holds sorted them, each item's from its hold_at (index into
      * holds), hold_n of them. */
@@ -491,7 +492,8 @@ static lapse_status_t on_looked(void *ctx, sqlite3_stmt *st, lapse_error_t *err)
                             : LAPSE_OK;
 }
 
-/* A row of HOLDS_RELEASE's RETURNING (order id, resource), in no promised order. */
+/* A row of HOLDS_LOOK (order id, resource, rowid), in no promised order: its name kept
+ * for the event, its rowid added to rowids for HOLDS_RELEASE. */
 static lapse_status_t on_hold(void *ctx, sqlite3_stmt *st, lapse_error_t *err) {
     cancel_batch_t *c = ctx;
     size_t r;
@@ -512,8 +514,11 @@ static lapse_status_t on_hold(void *ctx, sqlite3_stmt *st, lapse_error_t *err) {
     c->holds[c->n_holds++] = (hold_ref_t){.item = c->refs[r].item, .off = c->names.n};
     text_put(&c->names, name != NULL ? name : "",
              (size_t)lapse__sq.sqlite3_column_bytes(st, 1) + 1);
-    return c->names.failed ? lapse_error_set(err, LAPSE_ERR_NOMEM, "reading holds")
-                           : LAPSE_OK;
+    text_uint(&c->rowids, c->n_holds == 1 ? '[' : ',',
+              (uint64_t)lapse__sq.sqlite3_column_int64(st, 2));
+    return c->names.failed || c->rowids.failed
+               ? lapse_error_set(err, LAPSE_ERR_NOMEM, "reading holds")
+               : LAPSE_OK;
 }
 
 static int compare_holds(const void *a, const void *b) {
@@ -701,8 +706,19 @@ static lapse_status_t cancel_in_transaction(sqlite_store_t *s, cancel_batch_t *c
     if (ids_json(c, true) == SIZE_MAX) {
         return lapse_error_set(err, nomem, "cancel: ids");
     }
-    /* The holds released are the ones the events list: one statement for both. */
-    rc = each_row(s, ST_HOLDS_RELEASE, on_hold, c, err, "it", now_ms, c->ids.p);
+    /* The holds released are the ones read for the events, by rowid (as the orders). */
+    c->rowids.n = 0;
+    rc = each_row(s, ST_HOLDS_LOOK, on_hold, c, err, "t", c->ids.p);
+    if (rc == LAPSE_OK && c->n_holds > 0) {
+        text_char(&c->rowids, ']');
+        rc = c->rowids.failed
+                 ? lapse_error_set(err, nomem, "cancel: holds")
+                 : run(s, ST_HOLDS_RELEASE, &changed, err, "it", now_ms, c->rowids.p);
+        if (rc == LAPSE_OK && (size_t)changed != c->n_holds) {
+            rc = lapse_error_set(err, LAPSE_ERR_STORE_SQL,
+                                 "cancel: %d of %zu holds released", changed, c->n_holds);
+        }
+    }
     if (rc == LAPSE_OK) {
         group_holds(c);
     }

@@ -147,18 +147,18 @@ static const char MIGRATE_V6_SQL[] = "ALTER TABLE events ADD COLUMN deadline_ms 
  * over a set of orders (a cancel batch, a mark-scheduled batch) take it as one JSON array
  * bound to a parameter and read it with json_each: one statement per batch instead of
  * one per order (a set of event seqs that is one run, seq, seq + 1, ..., goes in as the
- * range of it instead: EVENTS_BY_RANGE, EVENTS_PUBLISHED_RANGE). HOLDS_RELEASE joins
- * the array (UPDATE ... FROM json_each) instead of testing IN (SELECT ... json_each),
- * which built an ephemeral index of the ids first (issue 14; with no holds to release,
- * 2.1k -> 0.8k instructions per order). The array holds each id once (ids_json), and
- * SQLite updates a row once however often a join matches it. A cancel batch reads its
- * orders first (ORDERS_LOOK: the array joined to orders, CROSS JOIN keeping the array
- * the outer loop, each order found by id), decides in C, and changes the due pending
- * ones by rowid (ORDERS_CANCEL, its guards checking again; the lookups are gone). One
- * UPDATE ... FROM json_each ... RETURNING did both, at the price of two ephemeral
- * tables (the join's rows, then RETURNING's): 18.9k against 16.1k instructions per
- * order inside sqlite3_step (issue 14, 20k orders in batches of 500, callgrind), and
- * a SELECT for the orders it did not cancel. ORDERS_CANCEL's unary + keeps the planner
+ * range of it instead: EVENTS_BY_RANGE, EVENTS_PUBLISHED_RANGE). The array holds each
+ * id once (ids_json). A cancel batch reads its orders first (ORDERS_LOOK: the array
+ * joined to orders, CROSS JOIN keeping the array the outer loop, each order found by
+ * id), decides in C, and changes the due pending ones by rowid (ORDERS_CANCEL, its
+ * guards checking again; the lookups are gone); the holds of the cancelled the same way
+ * (HOLDS_LOOK, HOLDS_RELEASE). One UPDATE ... FROM json_each ... RETURNING did each,
+ * at the price of two ephemeral tables (the join's rows, then RETURNING's): 18.9k
+ * against 16.1k instructions per order inside sqlite3_step for the orders (and a
+ * SELECT for the orders it did not cancel), 10.4k against 8.3k for one hold each, 0.9k
+ * against 0.8k for none (issue 14, 20k orders in batches of 500, callgrind). Testing
+ * IN (SELECT ... json_each) by id, before the join, built an ephemeral index of the ids
+ * first (2.1k per order with no holds). ORDERS_CANCEL's unary + keeps the planner
  * from walking an index by status or deadline (every due pending order) instead. The
  * page walks name their partial index: without ANALYZE statistics the planner preferred
  * the index by status that schema version 3 had, and sorted every page in a temporary
@@ -219,9 +219,12 @@ static const char MIGRATE_V6_SQL[] = "ALTER TABLE events ADD COLUMN deadline_ms 
     X(ORDERS_CANCEL, "UPDATE orders SET status = 'cancelled', cancelled_at_ms = ?1"      \
                      " WHERE rowid IN (SELECT value FROM json_each(?2))"                 \
                      " AND +status = 'pending' AND +deadline_ms <= ?1")                  \
+    X(HOLDS_LOOK, "SELECT h.order_id, h.resource, h.rowid FROM json_each(?1) AS batch"   \
+                  " CROSS JOIN holds AS h ON h.order_id = batch.value"                   \
+                  " WHERE h.released_at_ms IS NULL")                                     \
     X(HOLDS_RELEASE, "UPDATE holds SET released_at_ms = ?1"                              \
-                     " FROM json_each(?2) AS batch WHERE holds.order_id = batch.value"   \
-                     " AND released_at_ms IS NULL RETURNING holds.order_id, resource")   \
+                     " WHERE rowid IN (SELECT value FROM json_each(?2))"                 \
+                     " AND released_at_ms IS NULL")                                      \
     X(EVENTS_NEXT_SEQ,                                                                   \
       "SELECT max(coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'events'), 0)," \
       " coalesce((SELECT max(seq) FROM events), 0)) + 1")                                \
