@@ -522,6 +522,17 @@ static void test_pending_pages_read_their_partial_index(void **state) {
     print_message("%s: %s\n", STMT_NAME[ST_ORDERS_CANCEL], plan);
     assert_non_null(strstr(plan, "SEARCH orders USING INTEGER PRIMARY KEY (rowid=?)"));
     assert_null(strstr(plan, "SCAN orders"));
+    /* Their holds alike: found by the order id (the primary key's first column). */
+    query_plan(f->store, f->path, ST_HOLDS_LOOK, plan, sizeof(plan));
+    print_message("%s: %s\n", STMT_NAME[ST_HOLDS_LOOK], plan);
+    assert_non_null(strstr(plan, "SCAN batch VIRTUAL TABLE"));
+    assert_non_null(
+        strstr(plan, "SEARCH h USING INDEX sqlite_autoindex_holds_1 (order_id=?)"));
+    assert_null(strstr(plan, "SCAN h"));
+    query_plan(f->store, f->path, ST_HOLDS_RELEASE, plan, sizeof(plan));
+    print_message("%s: %s\n", STMT_NAME[ST_HOLDS_RELEASE], plan);
+    assert_non_null(strstr(plan, "SEARCH holds USING INTEGER PRIMARY KEY (rowid=?)"));
+    assert_null(strstr(plan, "SCAN holds"));
 }
 
 typedef struct plan_text {
