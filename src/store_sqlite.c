@@ -302,8 +302,6 @@ static void text_char(text_t *t, char c) {
     text_put(t, &c, 1);
 }
 
-/* seqs (n > 0) as a JSON array, for the statements that read it with json_each; check
- * .failed, free .p. */
 /* sep, then v in decimal. By hand: snprintf was 2 % of a consumer's instructions. */
 static void text_uint(text_t *t, char sep, uint64_t v) {
     char num[24];
@@ -316,6 +314,8 @@ static void text_uint(text_t *t, char sep, uint64_t v) {
     text_put(t, at, (size_t)(end - at));
 }
 
+/* seqs (n > 0) as a JSON array, for the statements that read it with json_each; check
+ * .failed, free .p. */
 static text_t seq_list(const int64_t *seqs, size_t n) {
     text_t list = {0};
     for (size_t i = 0; i < n; i++) {
